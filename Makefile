@@ -1,0 +1,40 @@
+# `make demo` and `make test` work on a brand-new machine: each creates .venv and
+# installs pinned dependencies first (a stamp file skips that on later runs).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-v1
+
+# torch is pinned to the CPU build that lies on the development machines' disk; an
+# unpinned torch would pull a multi-GB CUDA build.
+TORCH      := torch==2.13.0
+DEV_PINS   := triton==3.9.0 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
+DEMO_PINS  := transformers==4.57.1
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q $(DEV_PINS) $(DEMO_PINS)
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python examples/demo.py
+
+test: setup
+	$(BIN)/python -m ruff check .
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/python -m ruff check .
+
+bench: setup
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

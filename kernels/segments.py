@@ -1,0 +1,79 @@
+"""The segment table: the host-side contract between the scheduler and the kernels.
+
+A segment ``(source, src_row, n_rows, dst_row)`` says: copy rows
+``sources[source][src_row : src_row + n_rows]`` to rows ``dst_row : dst_row + n_rows``
+of the destination. Tables are plain Python data built by the planner; everything
+about them is checked here, on the host, before a kernel sees a pointer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..errors import KernelInputError, SegmentError
+
+
+class Segment(NamedTuple):
+    source: int
+    src_row: int
+    n_rows: int
+    dst_row: int
+
+
+def total_rows(segments: Sequence[Segment]) -> int:
+    return sum(s.n_rows for s in segments)
+
+
+def check_segments(
+    segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int
+) -> None:
+    """Raise ``SegmentError`` unless every segment lies inside its source and the
+    destination, and no two segments write the same destination row."""
+    n_sources = len(source_rows)
+    spans = []
+    for i, seg in enumerate(segments):
+        source, src_row, n_rows, dst_row = seg
+        if not 0 <= source < n_sources:
+            raise SegmentError(f"segment {i} {tuple(seg)}: source index {source} out of range for {n_sources} sources")
+        if n_rows <= 0:
+            raise SegmentError(f"segment {i} {tuple(seg)}: n_rows must be positive, got {n_rows}")
+        if src_row < 0 or src_row + n_rows > source_rows[source]:
+            raise SegmentError(
+                f"segment {i} {tuple(seg)}: rows [{src_row}, {src_row + n_rows}) outside source {source}"
+                f" which has {source_rows[source]} rows"
+            )
+        if dst_row < 0 or dst_row + n_rows > dst_rows:
+            raise SegmentError(
+                f"segment {i} {tuple(seg)}: destination rows [{dst_row}, {dst_row + n_rows}) outside"
+                f" a destination of {dst_rows} rows"
+            )
+        spans.append((dst_row, dst_row + n_rows, i))
+    spans.sort()
+    for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+        if start_b < end_a:
+            raise SegmentError(f"segments {a} and {b} write overlapping destination rows")
+
+
+def check_tensors(sources: Sequence, dest) -> None:
+    """Reject device, rank, hidden-size and layout problems with a message saying what to do."""
+    hidden = dest.shape[-1]
+    if dest.dim() != 2:
+        raise KernelInputError(f"destination must be 2-D [rows, hidden], got shape {tuple(dest.shape)}")
+    if not dest.is_contiguous():
+        raise KernelInputError("destination must be contiguous; pass out=tensor.contiguous() and copy back")
+    for i, src in enumerate(sources):
+        if src.dim() != 2:
+            raise KernelInputError(
+                f"source {i} must be 2-D [rows, hidden], got shape {tuple(src.shape)}; reshape(-1, hidden) it first"
+            )
+        if src.shape[1] != hidden:
+            raise KernelInputError(f"source {i} has hidden size {src.shape[1]}, destination has {hidden}")
+        if src.device != dest.device:
+            raise KernelInputError(
+                f"source {i} is on {src.device}, destination on {dest.device}; move it with .to(device) first"
+            )
+        if not src.is_contiguous():
+            raise KernelInputError(f"source {i} is not contiguous; call .contiguous() on it first")
+        if src.dtype != dest.dtype and not (src.is_floating_point() and dest.is_floating_point()):
+            raise KernelInputError(f"source {i} has dtype {src.dtype}, destination {dest.dtype}")

@@ -1,0 +1,72 @@
+"""Every error mm_schedule raises on bad input, in one place.
+
+Each class subclasses the builtin a caller would already catch (``ValueError`` for
+input that is wrong, ``RuntimeError`` for a state that should not happen) so existing
+``except`` clauses in serving code keep working. Messages name the request index, the
+item hash and the expected and received counts, because a serving engine logs them
+for one request among thousands.
+"""
+
+from __future__ import annotations
+
+
+class MMScheduleError(Exception):
+    """Base class of every error raised by mm_schedule."""
+
+
+class EmbeddingLengthMismatch(MMScheduleError, ValueError):
+    """The encoder (or a precomputed embedding) returned a different number of rows
+    than the item has placeholder tokens. Never cropped, split or cached."""
+
+    def __init__(
+        self,
+        *,
+        expected: int,
+        received: int,
+        request: int | None = None,
+        item_hash: int | None = None,
+        what: str = "embedding rows",
+        hint: str = "",
+    ) -> None:
+        self.expected = expected
+        self.received = received
+        self.request = request
+        self.item_hash = item_hash
+        where = []
+        if request is not None:
+            where.append(f"request {request}")
+        if item_hash is not None:
+            where.append(f"item hash {item_hash}")
+        prefix = f"{', '.join(where)}: " if where else ""
+        msg = f"{prefix}{what}: expected {expected}, got {received}"
+        if hint:
+            msg += f" ({hint})"
+        super().__init__(msg)
+
+
+class EncoderOutputError(MMScheduleError, ValueError):
+    """The encoder's return value has the wrong type, rank, item count or hidden size."""
+
+
+class InvalidItemError(MMScheduleError, ValueError):
+    """An item (or the batch layout that refers to it) is malformed: missing hash,
+    unsorted or overlapping spans, offsets outside the prompt, inconsistent sizes."""
+
+
+class SegmentError(MMScheduleError, ValueError):
+    """A segment table does not fit its sources or destination; raised on the host,
+    before anything is launched."""
+
+
+class KernelInputError(MMScheduleError, ValueError):
+    """Tensors given to a kernel have the wrong device, dtype, rank or layout."""
+
+
+class PrecomputedEmbeddingError(MMScheduleError, NotImplementedError):
+    """Only some items of a batch carry precomputed embeddings (SGLang raises
+    ``NotImplementedError`` here too, so callers that catch it keep working)."""
+
+
+class CacheStateError(MMScheduleError, RuntimeError):
+    """The embedding cache was used before it was initialised, or lost an entry the
+    current step pinned (an internal error)."""
