@@ -70,3 +70,14 @@ class PrecomputedEmbeddingError(MMScheduleError, NotImplementedError):
 class CacheStateError(MMScheduleError, RuntimeError):
     """The embedding cache was used before it was initialised, or lost an entry the
     current step pinned (an internal error)."""
+
+
+class MoveMapError(MMScheduleError, ValueError):
+    """A codemod move map, or a module source it is derived from, is malformed or
+    missing; the message names the file and what was wrong."""
+
+
+class KernelConfigError(MMScheduleError, ValueError):
+    """A per-GPU kernel config file (or the folder named by
+    ``MM_SCHEDULE_KERNEL_CONFIG_DIR``) is missing or malformed; the message names the
+    file and the entry that is wrong."""

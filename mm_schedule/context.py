@@ -1,0 +1,46 @@
+"""What the scheduler needs to know about its process group, passed in explicitly.
+
+SGLang reads these from a process-wide runtime context; here they are an argument,
+so a CPU test builds one in a line and nothing needs patching.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    attn_tp_rank: int = 0
+    attn_tp_size: int = 1
+    tp_size: int = 1
+
+
+def acknowledge_deferred_ipc(items: Sequence[Any], parallel: ParallelContext) -> None:
+    """Release lazily reconstructed CUDA-IPC features of items whose embedding came
+    from the cache, so the sender's pool slot is freed although the encoder never
+    read it. Exactly one rank (attention-TP rank 0) acknowledges, on behalf of all
+    ``tp_size`` consumers, as SGLang's transport expects."""
+    if parallel.attn_tp_rank != 0:
+        return
+    for item in items:
+        ack = getattr(item, "acknowledge_deferred_cuda_ipc_feature", None)
+        if ack is not None:
+            ack(max(parallel.tp_size, 1))
+
+
+AckHook = Callable[[Sequence[Any], ParallelContext], None]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Per-engine settings of a scheduling step."""
+
+    parallel: ParallelContext = ParallelContext()
+    on_cache_hit: AckHook | None = acknowledge_deferred_ipc
+    # None: decide per encoder (some encoders move their inputs themselves).
+    move_features: bool | None = None
+    # Upper bound on placeholder tokens per encoder call; None = one call per modality.
+    max_tokens_per_encoder_call: int | None = None

@@ -1,0 +1,118 @@
+import pytest
+import torch
+
+from mm_schedule import EmbeddingCache, EmbeddingResult, combine_hashes
+
+ROW = 4 * 4  # one float32 row of hidden 4
+
+
+def rows(n, fill=0.0):
+    return torch.full((n, 4), float(fill), dtype=torch.float32)
+
+
+def test_lru_eviction_by_bytes_and_recency():
+    cache = EmbeddingCache(3 * ROW)
+    for k in (1, 2, 3):
+        assert cache.insert(k, rows(1, float(k)))
+    assert cache.lookup(1) is not None  # 1 becomes most recent; 2 is now the oldest
+    assert cache.insert(4, rows(1, 4.0))
+    assert not cache.contains(2)
+    assert [k for k in (1, 3, 4) if cache.contains(k)] == [1, 3, 4]
+    s = cache.stats()
+    assert (s.evictions, s.entries, s.bytes, s.insertions) == (1, 3, 3 * ROW, 4)
+
+
+def test_split_view_is_cloned_and_charged_its_own_bytes():
+    batch = torch.randn(10, 4)
+    view = batch[2:4]
+    cache = EmbeddingCache(100 * ROW)
+    assert cache.insert(9, view)
+    stored = cache.lookup(9)
+    assert torch.equal(stored, view)
+    assert stored.untyped_storage().nbytes() == 2 * ROW
+    assert stored.untyped_storage().data_ptr() != batch.untyped_storage().data_ptr()
+    assert cache.stats().bytes == 2 * ROW
+
+
+def test_whole_tensor_is_not_copied():
+    t = torch.randn(3, 4)
+    cache = EmbeddingCache(100 * ROW)
+    cache.insert(1, t)
+    assert cache.lookup(1).data_ptr() == t.data_ptr()
+
+
+def test_oversized_entry_rejected_without_evicting():
+    cache = EmbeddingCache(4 * ROW)
+    cache.insert(1, rows(2))
+    cache.insert(2, rows(2))
+    assert not cache.insert(3, rows(5))
+    s = cache.stats()
+    assert (s.rejected, s.evictions, s.entries) == (1, 0, 2)
+
+
+def test_set_on_existing_key_replaces_value():
+    cache = EmbeddingCache(10 * ROW)
+    cache.insert(1, rows(2, 1.0))
+    cache.insert(2, rows(1, 2.0))
+    assert cache.insert(1, rows(3, 5.0))
+    assert torch.equal(cache.lookup(1), rows(3, 5.0))
+    assert cache.stats().bytes == 4 * ROW
+    cache.insert(3, rows(7))  # needs eviction: 2 is least recent now
+    assert not cache.contains(2) and cache.contains(1)
+
+
+def test_pinned_entries_are_never_evicted():
+    cache = EmbeddingCache(2 * ROW)
+    cache.insert(1, rows(1))
+    cache.insert(2, rows(1))
+    with cache.pin([1, 2]):
+        assert not cache.insert(3, rows(1))  # no unpinned victim: rejected
+        assert cache.contains(1) and cache.contains(2)
+    with cache.pin([1]):
+        assert cache.insert(3, rows(1))
+        assert cache.contains(1) and not cache.contains(2)
+    assert cache.insert(4, rows(2))  # pins released: anything can go
+    assert cache.contains(4) and len(cache) == 1
+
+
+def test_failed_make_room_evicts_nothing():
+    cache = EmbeddingCache(3 * ROW)
+    cache.insert(1, rows(1))
+    cache.insert(2, rows(1))
+    cache.insert(3, rows(1))
+    with cache.pin([3]):
+        assert not cache.insert(4, rows(3))
+    assert len(cache) == 3 and cache.stats().evictions == 0
+
+
+def test_stats_counts_hits_and_misses():
+    cache = EmbeddingCache(10 * ROW)
+    cache.insert(1, rows(1))
+    cache.lookup(1)
+    cache.lookup(2)
+    cache.lookup(1)
+    s = cache.stats()
+    assert (s.hits, s.misses) == (2, 1)
+    assert s.as_dict()["hits"] == 2
+
+
+def test_sglang_surface():
+    cache = EmbeddingCache(10 * ROW)
+    assert combine_hashes([]) is None
+    assert combine_hashes([5]) != 5
+    key = cache.combine_hashes([1, 2])
+    assert cache.set(key, EmbeddingResult(embedding=rows(2, 3.0)))
+    got = cache.get([1, 2])
+    assert isinstance(got, EmbeddingResult) and torch.equal(got.embedding, rows(2, 3.0))
+    cache.set(7, rows(1))
+    assert torch.equal(cache.get_single(7).embedding, rows(1))
+    assert cache.has(7) and cache.available_size() == 2
+    assert cache.free(7) and not cache.has(7)
+    assert cache.current_size == 2 * ROW
+    cache.clear()
+    assert len(cache) == 0 and cache.current_size == 0
+
+
+def test_negative_budget_rejected():
+    with pytest.raises(ValueError):
+        EmbeddingCache(-1)

@@ -1,0 +1,207 @@
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import mm_schedule
+from mm_schedule import (
+    EmbeddingCache,
+    MMItem,
+    ParallelContext,
+    PerImageRequestInfo,
+    RequestChunk,
+    StepContext,
+    embed_chunk,
+    merge_chunk,
+    plan_step,
+)
+from mm_schedule.encode import encoder_moves_its_inputs
+from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, PrecomputedEmbeddingError
+
+from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
+
+
+def test_import_loads_neither_torch_nor_triton():
+    code = (
+        "import sys, mm_schedule, mm_schedule.kernels, mm_schedule.codemods;"
+        "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_embedding_cache_attribute_is_live():
+    mm_schedule.init_mm_embedding_cache(1024)
+    first = mm_schedule.embedding_cache
+    from mm_schedule import embedding_cache as stale
+
+    mm_schedule.init_mm_embedding_cache(2048)
+    assert mm_schedule.embedding_cache is not first
+    assert mm_schedule.embedding_cache.max_bytes == 2048
+    assert stale is first  # a from-import keeps the old object: read it as an attribute
+
+
+def test_per_image_request_info_fields():
+    info = PerImageRequestInfo(req_idx=0, items=[], items_offset=[(0, 1)], extend_prefix_len=0, extend_seq_len=2)
+    assert info.overlapping == []
+
+
+@dataclass(eq=False)
+class AckItem(MMItem):
+    acks: list = field(default_factory=list)
+
+    def acknowledge_deferred_cuda_ipc_feature(self, consumer_count=1):
+        self.acks.append(consumer_count)
+
+
+@pytest.mark.parametrize(("rank", "expected"), [(0, [4]), (1, [])])
+def test_cache_hits_are_acknowledged_by_rank_zero_only(rank, expected):
+    cache = EmbeddingCache(1 << 20)
+    ctx = StepContext(parallel=ParallelContext(attn_tp_rank=rank, attn_tp_size=2, tp_size=4))
+    item = AckItem(hash=3, offsets=[(0, 5)], feature=torch.zeros(1))
+    embed_chunk([RequestChunk(items=[item], prefix=0, extend=3)], CountingEncoder(), cache=cache, context=ctx)
+    assert item.acks == []  # a miss: the encoder consumed the feature
+    embed_chunk([RequestChunk(items=[item], prefix=3, extend=3)], CountingEncoder(), cache=cache, context=ctx)
+    assert item.acks == expected
+
+
+def test_custom_ack_hook_is_injected():
+    seen = []
+    ctx = StepContext(on_cache_hit=lambda items, parallel: seen.append([it.hash for it in items]))
+    cache = EmbeddingCache(1 << 20)
+    reqs = [RequestChunk(items=[image(1, 0, 2)], prefix=0, extend=2)]
+    embed_chunk(reqs, CountingEncoder(), cache=cache, context=ctx)
+    embed_chunk(reqs, CountingEncoder(), cache=cache, context=ctx)
+    assert seen == [[1]]
+
+
+class Untouchable:
+    """A feature the planner must never look at."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"planning touched the feature ({name})")
+
+
+def test_planning_touches_no_tensor_and_skips_requests_outside_their_items():
+    items = [MMItem(hash=1, offsets=[(10, 19)], feature=Untouchable())]
+    cache = EmbeddingCache(1 << 20)
+    plan = plan_step([RequestChunk(items=items, prefix=0, extend=10)], cache)
+    assert plan.sources == [] and plan.segments == [] and plan.encoder_batches == []
+    assert cache.stats().misses == 0  # not even a lookup
+    enc = CountingEncoder()
+    result = embed_chunk([RequestChunk(items=items, prefix=20, extend=5)], enc, cache=cache)
+    assert result.embedding is None and enc.calls == []
+
+
+def test_segment_table_layout():
+    reqs = [
+        RequestChunk(items=[image(1, 2, 4), image(2, 8, 3)], prefix=4, extend=6),  # rows 4-5 of 1, rows 8-9 of 2
+        RequestChunk(items=[image(1, 0, 4)], prefix=0, extend=4),  # image 1 again: deduplicated
+    ]
+    plan = plan_step(reqs, None)
+    assert [(s.key, s.rows) for s in plan.sources] == [(1, 4), (2, 3)]
+    assert [(g.source, g.src_row, g.n_rows, g.packed_row, g.token_row) for g in plan.segments] == [
+        (0, 2, 2, 0, 0),
+        (1, 0, 2, 2, 4),
+        (0, 0, 4, 4, 6),
+    ]
+    assert plan.encoder_batches == [("IMAGE", [0, 1])]
+
+
+def test_token_budget_splits_encoder_calls():
+    reqs = [RequestChunk(items=[image(i, 0, 3)], prefix=0, extend=3) for i in range(5)]
+    enc = CountingEncoder()
+    out = embed_chunk(reqs, enc, context=StepContext(max_tokens_per_encoder_call=7)).embedding
+    assert enc.calls == [[0, 1], [2, 3], [4]]
+    assert torch.equal(out, naive_reference(reqs))
+
+
+def test_precomputed_path():
+    items = [MMItem(hash=i, offsets=[(2 * i, 2 * i + 1)], precomputed_embeddings=truth(i, 2)) for i in range(3)]
+    req = RequestChunk(items=items, prefix=1, extend=4)
+    enc = CountingEncoder()
+    out = embed_chunk([req], enc).embedding
+    assert enc.calls == []
+    assert torch.equal(out, naive_reference([req]))
+
+
+def test_mixed_precomputed_is_refused():
+    a = MMItem(hash=1, offsets=[(0, 1)], precomputed_embeddings=truth(1, 2))
+    b = MMItem(hash=2, offsets=[(0, 1)], feature=torch.zeros(1))
+    reqs = [RequestChunk(items=[a], prefix=0, extend=2), RequestChunk(items=[b], prefix=0, extend=2)]
+    with pytest.raises(PrecomputedEmbeddingError, match=r"request 0 .* request 1") as info:
+        embed_chunk(reqs, CountingEncoder())
+    assert isinstance(info.value, NotImplementedError)
+
+
+def test_precomputed_with_wrong_rows_raises():
+    item = MMItem(hash=5, offsets=[(0, 3)], precomputed_embeddings=truth(5, 3))
+    with pytest.raises(EmbeddingLengthMismatch, match=r"item hash 5.*expected 4, got 3"):
+        embed_chunk([RequestChunk(items=[item], prefix=0, extend=4)], CountingEncoder())
+
+
+@pytest.mark.parametrize(
+    ("items", "offsets", "message"),
+    [
+        ([MMItem(hash=None, offsets=[(0, 1)])], None, "no hash"),
+        ([image(1, 0, 4), image(2, 2, 4)], None, "not sorted and disjoint"),
+        ([MMItem(hash=1, offsets=[(5, 3)])], None, "malformed span"),
+        ([MMItem(hash=1, offsets=[])], None, "no offsets"),
+        ([image(1, 0, 4)], [(0, 4)], "differ"),
+    ],
+)
+def test_invalid_items_are_refused(items, offsets, message):
+    with pytest.raises(InvalidItemError, match=message):
+        plan_step([RequestChunk(items=items, prefix=0, extend=8, offsets=offsets)], None)
+
+
+def test_multi_modality_fused_merge_in_position_order():
+    img = image(1, 1, 3)
+    aud = image(2, 5, 2, modality="AUDIO")
+    vid = MMItem(modality="VIDEO", hash=3, offsets=[(8, 9), (11, 12)], feature=torch.zeros(1))
+    req = RequestChunk(items=[aud, img, vid], prefix=0, extend=14, row_offset=2)
+    encs = {"IMAGE": CountingEncoder(), "AUDIO": CountingEncoder(as_list=True), "VIDEO": CountingEncoder()}
+    embeds = torch.full((20, HIDDEN), float("nan"))
+    merge_chunk(embeds, [req], encs)
+    ref = naive_reference([RequestChunk(items=[img, aud, vid], prefix=0, extend=14)])
+    positions = [1, 2, 3, 5, 6, 8, 9, 11, 12]
+    assert torch.equal(embeds[[2 + p for p in positions]], ref)
+    untouched = [r for r in range(20) if r - 2 not in positions]
+    assert torch.isnan(embeds[untouched]).all()
+    assert [len(e.calls) for e in encs.values()] == [1, 1, 1]
+
+
+def test_missing_encoder_for_modality():
+    req = RequestChunk(items=[image(1, 0, 2, modality="AUDIO")], prefix=0, extend=2)
+    with pytest.raises(InvalidItemError, match="no encoder given for modality AUDIO"):
+        embed_chunk([req], {"IMAGE": CountingEncoder()})
+
+
+class FakeFeature:
+    def __init__(self):
+        self.device = "meta-device"
+        self.moved_to = None
+
+    def to(self, device, non_blocking=False):
+        self.moved_to = (device, non_blocking)
+        return self
+
+
+def test_miss_features_are_moved_unless_the_encoder_moves_them():
+    feat = FakeFeature()
+    req = RequestChunk(items=[MMItem(hash=1, offsets=[(0, 1)], feature=feat)], prefix=0, extend=2)
+    embed_chunk([req], CountingEncoder(), device=torch.device("cpu"))
+    assert feat.moved_to == (torch.device("cpu"), True)
+
+    class Qwen3VLForConditionalGeneration:
+        def get_image_feature(self, items):
+            return torch.cat([truth(it.hash, 2) for it in items])
+
+    fn = Qwen3VLForConditionalGeneration().get_image_feature
+    assert encoder_moves_its_inputs(fn)
+    feat2 = FakeFeature()
+    req2 = RequestChunk(items=[MMItem(hash=2, offsets=[(0, 1)], feature=feat2)], prefix=0, extend=2)
+    embed_chunk([req2], fn, device=torch.device("cpu"))
+    assert feat2.moved_to is None
