@@ -123,3 +123,28 @@ def test_one_step_encoder_calls_and_dedup(batch, chunk_size, as_list):
     expected_calls = ([[h for h, _ in per_image]] if per_image else []) + full_calls
     assert enc.calls == expected_calls
     assert result.report.encoder_calls == len(expected_calls)
+
+
+def test_eviction_inside_one_step_keeps_assembly_intact():
+    """A cache that holds one image, and that image is a hit of this step: the hit stays
+    pinned, so both misses are rejected rather than evicting it; in the next step the
+    misses evict the now unpinned entry. Every row is right throughout."""
+    cache = EmbeddingCache(4 * ROW_BYTES)
+    warm = [RequestChunk(items=[MMItem(hash=3, offsets=[(0, 3)], feature=torch.zeros(1))], prefix=0, extend=4)]
+    embed_chunk(warm, CountingEncoder(), cache=cache)
+    reqs = [
+        RequestChunk(items=[MMItem(hash=1, offsets=[(0, 3)], feature=torch.zeros(1))], prefix=0, extend=4),
+        RequestChunk(items=[MMItem(hash=2, offsets=[(1, 4)], feature=torch.zeros(1))], prefix=0, extend=6),
+        warm[0],
+    ]
+    enc = CountingEncoder()
+    got = embed_chunk(reqs, enc, cache=cache).embedding
+    assert torch.equal(got, naive_reference(reqs))
+    assert enc.calls == [[1, 2]]
+    stats = cache.stats()
+    assert stats.rejected == 2  # neither miss fits next to the pinned hit
+    assert cache.contains(3) and stats.evictions == 0
+    # Without the pin (next step), misses evict the LRU entry.
+    got = embed_chunk(reqs[:2], CountingEncoder(), cache=cache).embedding
+    assert torch.equal(got, naive_reference(reqs[:2]))
+    assert cache.stats().evictions >= 1
