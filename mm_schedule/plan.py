@@ -10,6 +10,7 @@ encoder batches (one call per modality, optionally capped by a token budget).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 from .cache import EmbeddingCache, combine_hashes
 from .errors import InvalidItemError, PrecomputedEmbeddingError
 from .items import Span, check_spans, item_spans, modality_name, span_tokens, window_overlap
+
+log = logging.getLogger(__name__)
 
 HIT, MISS, PRECOMPUTED = "hit", "miss", "precomputed"
 PER_ITEM, PER_REQUEST = "item", "request"
@@ -122,118 +125,128 @@ def plan_step(
     max_tokens_per_encoder_call: int | None = None,
 ) -> StepPlan:
     """Build the plan for one step over all modalities present in ``requests``."""
-    plan = StepPlan()
-    precomputed = _check_precomputed_consistency(requests)
-    by_key: dict[tuple, int] = {}  # dedup: (scope, key, rows) -> source index
-    misses_per_item: dict[str, list[int]] = {}  # modality -> per-item miss sources, first-seen order
-    request_misses: list[tuple[str, int]] = []
-    queued: set[int] = set()
-    packed_row = 0
+    planner = _Planner(cache, precomputed=_check_precomputed_consistency(requests))
     token_base = 0
     for index, req in enumerate(requests):
         row_offset = token_base if req.row_offset is None else req.row_offset
         token_base += max(req.extend, 0)
-        if req.extend <= 0 or not req.items:
-            continue
+        if req.extend > 0 and req.items:
+            planner.add_request(index, req, row_offset)
+    return planner.finish(max_tokens_per_encoder_call)
+
+
+class _Planner:
+    def __init__(self, cache: EmbeddingCache | None, *, precomputed: bool) -> None:
+        self.cache = cache
+        self.precomputed = precomputed
+        self.plan = StepPlan()
+        self.by_key: dict[tuple, int] = {}  # (scope, key, rows) -> source index
+        self.item_misses: dict[str, list[int]] = {}  # modality -> sources, first-seen order
+        self.request_misses: list[tuple[str, int]] = []
+        self.queued: set[int] = set()
+
+    def add_request(self, index: int, req: RequestChunk, row_offset: int) -> None:
         window = (req.prefix, req.prefix + req.extend)
         groups: dict[str, list[Any]] = {}
         for item in req.items:
             groups.setdefault(modality_name(getattr(item, "modality", "IMAGE")), []).append(item)
         spans_by_group = {m: [item_spans(it, request=index) for it in items] for m, items in groups.items()}
+        for per_item in spans_by_group.values():
+            for spans in per_item:
+                check_spans(spans, request=index, what="item")
         request_spans = sorted(s for per_item in spans_by_group.values() for sp in per_item for s in sp)
         check_spans(request_spans, request=index, what="items'")
         _check_request_offsets(req, request_spans, index)
+
         pieces = []  # (token position, source index, src_row, n_rows)
         for modality, items in groups.items():
             spans_per_item = spans_by_group[modality]
-            for spans in spans_per_item:
-                check_spans(spans, request=index, what="item")
-            all_spans = sorted(s for spans in spans_per_item for s in spans)
-            if not any(window_overlap(s, e, *window) for s, e in all_spans):
+            if not any(window_overlap(s, e, *window) for sp in spans_per_item for s, e in sp):
                 continue  # this chunk needs nothing from these items: encode nothing
-            per_item = precomputed or all(len(spans) == 1 for spans in spans_per_item)
-            if per_item:
-                units = [([it], spans) for it, spans in zip(items, spans_per_item)]
+            if self.precomputed or all(len(sp) == 1 for sp in spans_per_item):
+                for item, spans in zip(items, spans_per_item):
+                    self._add_unit(pieces, index, modality, [item], [spans], window)
             else:
                 # Multi-span items (video frames, image slices) are encoded per request
                 # under one combined key, as SGLang does.
-                # Encoder rows follow item order, then span order within an item.
-                units = [(items, [s for sp in spans_per_item for s in sp])]
-            for unit_items, spans in units:
-                overlaps = [window_overlap(s, e, *window) for s, e in spans]
-                if not any(overlaps):
-                    continue
-                src = _source_for(
-                    plan, by_key, cache, unit_items, spans, index, modality, per_item, precomputed,
-                    spans_per_item if not per_item else None,
-                )
-                if plan.sources[src].status == MISS and src not in queued:
-                    queued.add(src)
-                    if per_item:
-                        misses_per_item.setdefault(modality, []).append(src)
-                    else:
-                        request_misses.append((modality, src))
-                rows_before = 0
-                for (s, e), overlap in zip(spans, overlaps):
-                    if overlap is not None:
-                        first, n = overlap
-                        pieces.append((s + first, src, rows_before + first, n))
-                    rows_before += e - s + 1
+                self._add_unit(pieces, index, modality, items, spans_per_item, window)
         # Rows of one request come out in placeholder-position order across modalities.
         for position, src, src_row, n in sorted(pieces):
-            plan.segments.append(
-                PlannedSegment(src, src_row, n, packed_row, row_offset + position - req.prefix, index)
+            self.plan.segments.append(
+                PlannedSegment(src, src_row, n, self.plan.n_rows, row_offset + position - req.prefix, index)
             )
-            packed_row += n
-    plan.n_rows = packed_row
-    for modality, srcs in misses_per_item.items():
-        for batch in _split_by_budget(srcs, plan.sources, max_tokens_per_encoder_call):
-            plan.encoder_batches.append((modality, batch))
-    for modality, src in request_misses:
-        plan.encoder_batches.append((modality, [src]))
-    return plan
+            self.plan.n_rows += n
 
+    def _add_unit(self, pieces, index, modality, items, spans_per_item, window) -> None:
+        # Encoder rows follow item order, then span order within an item.
+        spans = [s for sp in spans_per_item for s in sp]
+        overlaps = [window_overlap(s, e, *window) for s, e in spans]
+        if not any(overlaps):
+            return
+        src = self._source(index, modality, items, spans_per_item)
+        if self.plan.sources[src].status == MISS and src not in self.queued:
+            self.queued.add(src)
+            if self.plan.sources[src].scope == PER_ITEM:
+                self.item_misses.setdefault(modality, []).append(src)
+            else:
+                self.request_misses.append((modality, src))
+        rows_before = 0
+        for (s, e), overlap in zip(spans, overlaps):
+            if overlap is not None:
+                first, n = overlap
+                pieces.append((s + first, src, rows_before + first, n))
+            rows_before += e - s + 1
 
-def _source_for(plan, by_key, cache, items, spans, index, modality, per_item, precomputed, spans_per_item):
-    rows = span_tokens(spans)
-    if per_item:
-        item = items[0]
-        key = _item_hash(item, index)
-        item_rows = (rows,)
-    else:
-        key = combine_hashes([_item_hash(it, index) for it in items])
+    def _source(self, index, modality, items, spans_per_item) -> int:
         item_rows = tuple(span_tokens(sp) for sp in spans_per_item)
-    scope = PER_ITEM if per_item else PER_REQUEST
-    dedup = (PRECOMPUTED, id(items[0]), rows) if precomputed else (scope, key, rows)
-    found = by_key.get(dedup)
-    if found is not None:
-        if plan.sources[found].status == HIT:
-            plan.hit_items.extend(items)
-        return found
-    source = Source(
-        status=MISS, scope=scope, key=key, rows=rows, items=tuple(items), item_rows=item_rows,
-        request=index, modality=modality,
-    )
-    if precomputed:
-        source.status, source.tensor = PRECOMPUTED, items[0].precomputed_embeddings
-    elif cache is not None:
-        cached = cache.lookup(key)
-        if cached is not None and _rows_of(cached) == rows:
-            source.status, source.tensor = HIT, cached
-            plan.hit_items.extend(items)
-        elif cached is not None:
-            # A different embedding under the same key (a truncated-hash collision, or a
-            # model change): never used, dropped so the fresh encode can take its place.
-            import logging
+        rows = sum(item_rows)
+        per_item = len(items) == 1 and (self.precomputed or len(spans_per_item[0]) == 1)
+        if per_item:
+            key = _item_hash(items[0], index)
+        else:
+            key = combine_hashes([_item_hash(it, index) for it in items])
+        scope = PER_ITEM if per_item else PER_REQUEST
+        dedup = (PRECOMPUTED, id(items[0]), rows) if self.precomputed else (scope, key, rows)
+        found = self.by_key.get(dedup)
+        if found is not None:
+            if self.plan.sources[found].status == HIT:
+                self.plan.hit_items.extend(items)
+            return found
+        source = Source(
+            status=MISS, scope=scope, key=key, rows=rows, items=tuple(items), item_rows=item_rows,
+            request=index, modality=modality,
+        )
+        if self.precomputed:
+            source.status, source.tensor = PRECOMPUTED, items[0].precomputed_embeddings
+        elif self.cache is not None:
+            self._lookup(source)
+        self.plan.sources.append(source)
+        self.by_key[dedup] = len(self.plan.sources) - 1
+        return len(self.plan.sources) - 1
 
-            logging.getLogger(__name__).warning(
-                "Discarding cached multimodal embedding: request %d, item hash %d, expected %d rows, cached %d",
-                index, key, rows, _rows_of(cached),
-            )
-            cache.discard(key)
-    plan.sources.append(source)
-    by_key[dedup] = len(plan.sources) - 1
-    return len(plan.sources) - 1
+    def _lookup(self, source: Source) -> None:
+        cached = self.cache.lookup(source.key)
+        if cached is None:
+            return
+        if _rows_of(cached) == source.rows:
+            source.status, source.tensor = HIT, cached
+            self.plan.hit_items.extend(source.items)
+            return
+        # A different embedding under the same key (a truncated-hash collision, or a
+        # model change): never used, dropped so the fresh encode can take its place.
+        log.warning(
+            "Discarding cached multimodal embedding: request %d, item hash %d, expected %d rows, cached %d",
+            source.request, source.key, source.rows, _rows_of(cached),
+        )
+        self.cache.discard(source.key)
+
+    def finish(self, max_tokens_per_encoder_call: int | None) -> StepPlan:
+        for modality, srcs in self.item_misses.items():
+            for batch in _split_by_budget(srcs, self.plan.sources, max_tokens_per_encoder_call):
+                self.plan.encoder_batches.append((modality, batch))
+        for modality, src in self.request_misses:
+            self.plan.encoder_batches.append((modality, [src]))
+        return self.plan
 
 
 def _rows_of(tensor: Any) -> int:
