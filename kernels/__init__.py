@@ -1,20 +1,33 @@
 """Kernels for the multimodal embedding path: segment gather and embedding merge.
 
+- ``gather_segments`` / ``merge_segments``: a segment table over many source tensors,
+  copied in one launch into a packed buffer or straight into ``input_embeds``;
+  ``plan_segments`` / ``run_segments`` split the host work from the launch (CUDA graphs).
+- ``merge_by_placeholder_ids`` / ``embed_with_placeholders``: the sync-free entry points
+  for callers that only have ``input_ids``.
+
 Importing this package does not import torch or triton; they load on first use.
 """
 
 from .segments import Segment, check_segments, total_rows
 
-__all__ = ["Segment", "check_segments", "gather_segments", "merge_segments", "total_rows"]
+_LAZY = {
+    "gather_segments": "gather",
+    "gather_segments_ref": "gather",
+    "plan_segments": "gather",
+    "run_segments": "gather",
+    "SegmentPlan": "gather",
+    "merge_segments": "merge",
+    "merge_by_placeholder_ids": "embedding_merge",
+    "embed_with_placeholders": "embedding_merge",
+}
+
+__all__ = ["Segment", "check_segments", "total_rows", *_LAZY]
 
 
 def __getattr__(name):
-    if name == "gather_segments":
-        from .gather import gather_segments
+    if name in _LAZY:
+        import importlib
 
-        return gather_segments
-    if name == "merge_segments":
-        from .merge import merge_segments
-
-        return merge_segments
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,23 +1,31 @@
-"""Fused merge: segments written straight into ``input_embeds`` at placeholder rows.
+"""Fused merge: segments written straight into ``input_embeds`` at the placeholder rows.
 
-Equivalent PyTorch::
-
-    for s, r, n, d in segments:
-        input_embeds[d : d + n] = sources[s][r : r + n].to(input_embeds.dtype)
+No packed intermediate buffer, no boolean mask, no host sync: the scheduler already knows
+where every multimodal row goes, so the segment table's ``dst_row`` is the row of
+``input_embeds`` (flattened over the batch) and the gather kernel writes there directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .gather import gather_segments_ref
-from .segments import Segment, check_segments, check_tensors
+from .gather import plan_segments, run_segments
 
 
-def merge_segments(sources: Sequence, segments: Sequence[Segment], input_embeds):
-    """Write every segment into ``input_embeds`` (in place) and return it."""
-    segments = [Segment(*s) for s in segments]
-    check_tensors(sources, input_embeds)
-    check_segments(segments, [s.shape[0] for s in sources], input_embeds.shape[0])
-    gather_segments_ref(sources, segments, input_embeds)
+def merge_segments(
+    sources: Sequence, segments: Sequence, input_embeds, *, config: dict | None = None
+):
+    """Write every segment into ``input_embeds`` (in place, cast to its dtype) and return it.
+
+    ``input_embeds`` is ``[tokens, H]``; rows no segment names keep their text embedding.
+
+    Equivalent PyTorch::
+
+        for s, r, n, d in segments:
+            input_embeds[d : d + n] = sources[s][r : r + n].to(input_embeds.dtype)
+
+    For CUDA graphs, use ``gather.plan_segments`` / ``gather.run_segments`` with
+    ``input_embeds`` as the destination.
+    """
+    run_segments(plan_segments(sources, segments, input_embeds, config=config), input_embeds)
     return input_embeds

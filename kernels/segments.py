@@ -9,6 +9,7 @@ about them is checked here, on the host, before a kernel sees a pointer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import NamedTuple
 
 from ..errors import KernelInputError, SegmentError
@@ -25,9 +26,7 @@ def total_rows(segments: Sequence[Segment]) -> int:
     return sum(s.n_rows for s in segments)
 
 
-def check_segments(
-    segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int
-) -> None:
+def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int) -> None:
     """Raise ``SegmentError`` unless every segment lies inside its source and the
     destination, and no two segments write the same destination row."""
     n_sources = len(source_rows)
@@ -35,7 +34,9 @@ def check_segments(
     for i, seg in enumerate(segments):
         source, src_row, n_rows, dst_row = seg
         if not 0 <= source < n_sources:
-            raise SegmentError(f"segment {i} {tuple(seg)}: source index {source} out of range for {n_sources} sources")
+            raise SegmentError(
+                f"segment {i} {tuple(seg)}: source index {source} out of range for {n_sources} sources"
+            )
         if n_rows <= 0:
             raise SegmentError(f"segment {i} {tuple(seg)}: n_rows must be positive, got {n_rows}")
         if src_row < 0 or src_row + n_rows > source_rows[source]:
@@ -50,25 +51,31 @@ def check_segments(
             )
         spans.append((dst_row, dst_row + n_rows, i))
     spans.sort()
-    for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+    for (_, end_a, a), (start_b, _, b) in pairwise(spans):
         if start_b < end_a:
             raise SegmentError(f"segments {a} and {b} write overlapping destination rows")
 
 
 def check_tensors(sources: Sequence, dest) -> None:
     """Reject device, rank, hidden-size and layout problems with a message saying what to do."""
-    hidden = dest.shape[-1]
     if dest.dim() != 2:
-        raise KernelInputError(f"destination must be 2-D [rows, hidden], got shape {tuple(dest.shape)}")
+        raise KernelInputError(
+            f"destination must be 2-D [rows, hidden], got shape {tuple(dest.shape)}"
+        )
+    hidden = dest.shape[-1]
     if not dest.is_contiguous():
-        raise KernelInputError("destination must be contiguous; pass out=tensor.contiguous() and copy back")
+        raise KernelInputError(
+            "destination must be contiguous; pass out=tensor.contiguous() and copy back"
+        )
     for i, src in enumerate(sources):
         if src.dim() != 2:
             raise KernelInputError(
                 f"source {i} must be 2-D [rows, hidden], got shape {tuple(src.shape)}; reshape(-1, hidden) it first"
             )
         if src.shape[1] != hidden:
-            raise KernelInputError(f"source {i} has hidden size {src.shape[1]}, destination has {hidden}")
+            raise KernelInputError(
+                f"source {i} has hidden size {src.shape[1]}, destination has {hidden}"
+            )
         if src.device != dest.device:
             raise KernelInputError(
                 f"source {i} is on {src.device}, destination on {dest.device}; move it with .to(device) first"
@@ -77,3 +84,8 @@ def check_tensors(sources: Sequence, dest) -> None:
             raise KernelInputError(f"source {i} is not contiguous; call .contiguous() on it first")
         if src.dtype != dest.dtype and not (src.is_floating_point() and dest.is_floating_point()):
             raise KernelInputError(f"source {i} has dtype {src.dtype}, destination {dest.dtype}")
+        if src.dtype != sources[0].dtype:
+            raise KernelInputError(
+                f"source {i} has dtype {src.dtype}, source 0 has {sources[0].dtype}; one table takes one"
+                " source dtype (cast the odd source, or split the table by dtype)"
+            )

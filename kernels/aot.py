@@ -1,0 +1,373 @@
+"""Ahead-of-time compilation specs: what ``triton.compile`` needs to build each kernel
+without a GPU, for the AOT tests and the tuner.
+
+``kernel_functions()`` names every JIT function; ``aot_specs(kernel, ...)`` returns the
+signature, constexprs and divisibility attributes of each variant the launchers can pick
+for one (dtype, hidden, aligned, config): exactly the specialisation the JIT would make
+at run time, so the compiled code is the code that runs. Compile one with::
+
+    from triton.compiler import ASTSource
+    from triton.backends.compiler import GPUTarget
+    spec = aot_specs("segment_gather", dtype=torch.bfloat16, hidden=4096, aligned=True, config=cfg)[0]
+    triton.compile(spec.source(), target=GPUTarget("cuda", 90, 32), options=spec.options)
+
+Needs a real ``triton.jit`` (not ``TRITON_INTERPRET=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import KernelInputError
+from ._triton import TRITON_TYPE_NAMES, dtype_name, tl_dtype, vector_width
+from .launch_config import (
+    CONFIG_KEYS,
+    KERNEL_NAMES,
+    heuristic_config,
+    unaligned_config,
+    validate_config,
+)
+
+_DIVISIBLE = [["tt.divisibility", 16]]
+
+
+@dataclass(frozen=True)
+class AotSpec:
+    kernel: str
+    variant: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    attrs: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    def source(self):
+        from triton.compiler import ASTSource
+
+        return ASTSource(self.fn, self.signature, self.constexprs, self.attrs)
+
+
+def kernel_functions() -> dict:
+    """Kernel name (as used by the tuning tables) -> Triton JIT function."""
+    from .embedding_merge import embedding_merge_kernel
+    from .gather import segment_copy_kernel
+
+    return {"segment_gather": segment_copy_kernel, "embedding_merge": embedding_merge_kernel}
+
+
+def _type(dtype) -> str:
+    name = dtype_name(dtype)
+    if name not in TRITON_TYPE_NAMES:
+        raise KernelInputError(f"no Triton kernel for dtype {dtype}")
+    return "*" + TRITON_TYPE_NAMES[name]
+
+
+def _divisibility(fn, names) -> dict:
+    return {(fn.arg_names.index(n),): _DIVISIBLE for n in names}
+
+
+def aot_specs(
+    kernel: str, *, dtype, hidden: int, aligned: bool, config: dict, src_dtype=None
+) -> list[AotSpec]:
+    """Every compile-time variant of ``kernel`` for these parameters.
+
+    ``dtype`` is the destination dtype, ``src_dtype`` the sources' (default: the same).
+    ``aligned`` selects the 16-byte specialisation; it requires ``hidden`` to be a
+    multiple of the vector width, as the launchers do.
+    """
+    if kernel not in KERNEL_NAMES:
+        raise KernelInputError(f"unknown kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    config = validate_config(config)
+    if not aligned:
+        config = unaligned_config(config)
+    src_dtype = src_dtype or dtype
+    vec = vector_width(dtype.itemsize, src_dtype.itemsize)
+    if aligned and hidden % vec:
+        raise KernelInputError(
+            f"hidden={hidden} is not a multiple of {vec}: no aligned variant exists"
+        )
+    fn = kernel_functions()[kernel]
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+    blocks = {
+        "BLOCK_M": config["BLOCK_M"],
+        "BLOCK_H": config["BLOCK_H"],
+        "ALIGNED": aligned,
+        "VEC": vec,
+    }
+    # The JIT marks integer arguments divisible by 16 (and 16-byte aligned pointers); say the same.
+    hidden_hint = ["hidden"] if hidden % 16 == 0 else []
+    variant = "aligned" if aligned else "unaligned"
+    if kernel == "segment_gather":
+        signature = {"tiles_ptr": "*i64", "dst_ptr": _type(dtype), "hidden": "i32"}
+        constexprs = {"SRC_DTYPE": tl_dtype(src_dtype), **blocks}
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        divisible = ["tiles_ptr", *hidden_hint] + (["dst_ptr"] if aligned else [])
+        return [
+            AotSpec(
+                kernel, variant, fn, signature, constexprs, _divisibility(fn, divisible), options
+            )
+        ]
+    specs = []
+    for lookup_text in (False, True):
+        signature = {
+            "ids_ptr": "*i64",
+            "is_mm_ptr": "*u8",
+            "mm_count_ptr": "*i64",
+            "weight_ptr": _type(dtype if lookup_text else src_dtype),
+            "mm_ptr": _type(src_dtype),
+            "out_ptr": _type(dtype),
+            "n_tokens": "i32",
+            "vocab": "i32",
+            "n_mm": "i32",
+            "hidden": "i32",
+        }
+        constexprs = {"LOOKUP_TEXT": lookup_text, **blocks}
+        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        divisible = ["ids_ptr", "is_mm_ptr", "mm_count_ptr", *hidden_hint]
+        if aligned:
+            divisible += ["weight_ptr", "mm_ptr", "out_ptr"]
+        name = f"{variant}-{'lookup' if lookup_text else 'merge'}"
+        specs.append(
+            AotSpec(kernel, name, fn, signature, constexprs, _divisibility(fn, divisible), options)
+        )
+    return specs
+
+
+# --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.aot``) ---
+
+TARGETS = {
+    "sm80": ("cuda", 80, 32),
+    "sm90": ("cuda", 90, 32),
+    "gfx90a": ("hip", "gfx90a", 64),
+    "gfx942": ("hip", "gfx942", 64),
+    "gfx950": ("hip", "gfx950", 64),
+}
+_PTX_V4_LOAD = re.compile(r"\bld\.global(?:\.\w+)*\.v4\.(?:b32|u32|f32|b64)")
+_PTX_V4_STORE = re.compile(r"\bst\.global(?:\.\w+)*\.v4\.(?:b32|u32|f32|b64)")
+_GCN_X4_LOAD = re.compile(r"\b(?:global|buffer)_load_dwordx4\b")
+_GCN_X4_STORE = re.compile(r"\b(?:global|buffer)_store_dwordx4\b")
+
+
+def _cuda_spill_bytes(cubin: bytes) -> int:
+    """Spill traffic from the ``cuobjdump`` that ships in the triton wheel (STACK + LOCAL bytes)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run(
+            [str(tool), "--dump-resource-usage", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    usage = re.findall(r"\b(STACK|LOCAL):(\d+)", text)
+    if not usage:
+        raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")
+    return sum(int(n) for _, n in usage)
+
+
+def _amd_spill_bytes(amdgcn: str) -> int:
+    counts = re.findall(r"(?:vgpr_spill_count|sgpr_spill_count|ScratchSize):\s*(\d+)", amdgcn)
+    if not counts:
+        raise RuntimeError("the AMDGCN text has no spill or scratch counters")
+    return sum(int(n) for n in counts)
+
+
+def compile_spec(spec: AotSpec, target: str) -> dict:
+    """Compile one spec for a named target and report what the AOT tests check."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    start = time.perf_counter()
+    compiled = triton.compile(
+        spec.source(), target=GPUTarget(*TARGETS[target]), options=spec.options
+    )
+    seconds = time.perf_counter() - start
+    if "ptx" in compiled.asm:
+        text = compiled.asm["ptx"]
+        v4_load, v4_store = bool(_PTX_V4_LOAD.search(text)), bool(_PTX_V4_STORE.search(text))
+        spills = _cuda_spill_bytes(compiled.asm["cubin"])
+    else:
+        text = compiled.asm["amdgcn"]
+        v4_load, v4_store = bool(_GCN_X4_LOAD.search(text)), bool(_GCN_X4_STORE.search(text))
+        spills = _amd_spill_bytes(text)
+    return {
+        "vector_load": v4_load,
+        "vector_store": v4_store,
+        "spill_bytes": spills,
+        "seconds": seconds,
+    }
+
+
+def _find_configs(node, path=()):
+    if isinstance(node, dict):
+        if all(k in node for k in CONFIG_KEYS):
+            yield path, node
+            return
+        for key, value in node.items():
+            yield from _find_configs(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for value in node:
+            yield from _find_configs(value, path)
+
+
+def shipped_configs(config_dir: Path | None = None) -> list[tuple[str, str, int, dict, str]]:
+    """``(kernel, dtype name, hidden, config, file)`` for every distinct config in the
+    shipped JSON tables (``configs/<kernel>/*.json``, laid out as ``tuning.py`` describes:
+    ``configs -> dtype -> hidden -> rows -> config``). The dtype and hidden size come
+    from the keys above each config (bfloat16 and 4096 when they cannot be read)."""
+    config_dir = config_dir or Path(__file__).parent / "configs"
+    found = {}
+    for path in sorted(config_dir.glob("*/*.json")):
+        kernel = path.parent.name
+        if kernel not in KERNEL_NAMES:
+            continue
+        for keys, config in _find_configs(json.loads(path.read_text())):
+            dtype, hidden = "bfloat16", 4096
+            for i, key in enumerate(keys):
+                if key in TRITON_TYPE_NAMES:
+                    dtype = key
+                    if i + 1 < len(keys) and keys[i + 1].isdigit():
+                        hidden = int(keys[i + 1])
+            cfg = {k: config[k] for k in CONFIG_KEYS}
+            found.setdefault(
+                (kernel, dtype, hidden, tuple(cfg.items())), (kernel, dtype, hidden, cfg, str(path))
+            )
+    return list(found.values())
+
+
+def default_cases() -> list[dict]:
+    """The heuristic configs (what runs when no table matches): every kernel and dtype,
+    aligned at the smallest, a common and the largest supported hidden size, unaligned
+    and casting variants once each."""
+    import torch
+
+    cases = []
+    dtypes = (torch.bfloat16, torch.float16, torch.float32)
+    for kernel in KERNEL_NAMES:
+        for dtype in dtypes:
+            for hidden, rows in ((64, 64), (4096, 16384), (16384, 1024)):
+                cases.append(
+                    dict(
+                        kernel=kernel,
+                        dtype=dtype,
+                        src_dtype=dtype,
+                        hidden=hidden,
+                        aligned=True,
+                        n_rows=rows,
+                    )
+                )
+        cases.append(
+            dict(
+                kernel=kernel,
+                dtype=torch.bfloat16,
+                src_dtype=torch.float32,
+                hidden=3584,
+                aligned=True,
+                n_rows=8192,
+            )
+        )
+        cases.append(
+            dict(
+                kernel=kernel,
+                dtype=torch.bfloat16,
+                src_dtype=torch.bfloat16,
+                hidden=1001,
+                aligned=False,
+                n_rows=8192,
+            )
+        )
+    unique = {}
+    for case in cases:
+        case["config"] = heuristic_config(
+            case["kernel"], dtype=case["dtype"], hidden=case["hidden"], n_rows=case.pop("n_rows")
+        )
+        case["origin"] = "heuristic"
+        # Same config and same specialisation compile to the same code: keep one.
+        key = (
+            case["kernel"],
+            case["dtype"],
+            case["src_dtype"],
+            case["aligned"],
+            case["hidden"] % 16 == 0,
+            tuple(case["config"].items()),
+        )
+        unique.setdefault(key, case)
+    return list(unique.values())
+
+
+def all_cases(config_dir: Path | None = None) -> list[dict]:
+    import torch
+
+    cases = default_cases()
+    for kernel, dtype, hidden, config, path in shipped_configs(config_dir):
+        torch_dtype = getattr(torch, dtype)
+        aligned = hidden % vector_width(torch_dtype.itemsize) == 0
+        cases.append(
+            dict(
+                kernel=kernel,
+                dtype=torch_dtype,
+                src_dtype=torch_dtype,
+                hidden=hidden,
+                aligned=aligned,
+                config=config,
+                origin=path,
+            )
+        )
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="AOT-compile every kernel variant and config for GPU targets."
+    )
+    parser.add_argument(
+        "--targets",
+        default=",".join(TARGETS),
+        help="comma-separated subset of " + ",".join(TARGETS),
+    )
+    parser.add_argument(
+        "--config-dir", type=Path, default=None, help="folder of <kernel>/<device>.json tables"
+    )
+    args = parser.parse_args(argv)
+    results = []
+    for case in all_cases(args.config_dir):
+        specs = aot_specs(
+            case["kernel"],
+            dtype=case["dtype"],
+            hidden=case["hidden"],
+            aligned=case["aligned"],
+            config=case["config"],
+            src_dtype=case["src_dtype"],
+        )
+        for spec in specs:
+            for target in args.targets.split(","):
+                report = compile_spec(spec, target)
+                report.update(
+                    kernel=spec.kernel,
+                    variant=spec.variant,
+                    target=target,
+                    hidden=case["hidden"],
+                    dtype=dtype_name(case["dtype"]),
+                    src_dtype=dtype_name(case["src_dtype"]),
+                    aligned=case["aligned"],
+                    config=case["config"],
+                    origin=case["origin"],
+                )
+                results.append(report)
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Launch configurations: the contract between the kernels and the per-GPU tuning tables.
+
+A config is a dict with exactly these keys:
+
+- ``BLOCK_M``: rows per program (the work-split tile; every segment is cut into tiles of
+  at most this many rows, one program each),
+- ``BLOCK_H``: hidden columns per inner-loop step,
+- ``num_warps``, ``num_stages``: passed to the Triton launch.
+
+Kernel names, as the tables and ``get_config`` use them:
+
+- ``segment_gather``: ``gather.segment_copy_kernel`` behind ``gather_segments``,
+  ``merge_segments`` and ``plan_segments``; ``n_rows`` is the table's total rows,
+  ``dtype`` the destination's.
+- ``embedding_merge``: ``embedding_merge.embedding_merge_kernel`` behind
+  ``merge_by_placeholder_ids`` and ``embed_with_placeholders``; ``n_rows`` is the token
+  count, ``dtype`` the output's.
+
+A config is used as given for the aligned variant; the unaligned one runs
+``unaligned_config(config)``. The tuned tables live in ``tuning.py`` (``get_config``);
+when that module is absent this file's heuristic answers alone. ``aot.py`` compiles every
+config it finds under ``configs/`` in the tests.
+"""
+
+from __future__ import annotations
+
+from ..errors import KernelInputError
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_H", "num_warps", "num_stages")
+KERNEL_NAMES = ("segment_gather", "embedding_merge")
+_WAVE64 = 64  # lanes per warp on CDNA; sizing for it is also safe for 32-lane NVIDIA warps
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _is_pow2(n) -> bool:
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
+
+
+def heuristic_config(kernel: str, *, dtype, hidden: int, n_rows: int) -> dict:
+    """A config that is sound everywhere: up to 16 KiB moved per program per inner step,
+    taller tiles only when there are rows enough to keep every SM/CU busy, and no more
+    warps than the tile fills with full 16-byte vectors (counting 64-lane AMD waves)."""
+    if kernel not in KERNEL_NAMES:
+        raise KernelInputError(f"unknown kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    itemsize = getattr(dtype, "itemsize", 2)
+    vec = 16 // itemsize
+    block_h = min(_next_pow2(max(hidden, 16)), 8192 // itemsize)
+    block_m = 16 if n_rows >= 8192 else 8 if n_rows >= 1024 else 4
+    block_m = max(block_m, (vec * _WAVE64) // block_h)
+    block_h = min(block_h, max(64, 16384 // (block_m * itemsize)))
+    num_warps = max(1, min(4, block_m * block_h // (vec * _WAVE64)))
+    return {"BLOCK_M": block_m, "BLOCK_H": block_h, "num_warps": num_warps, "num_stages": 1}
+
+
+def unaligned_config(config: dict) -> dict:
+    """The config the unaligned variant runs with: each element then needs its own address
+    registers, so ``BLOCK_H`` shrinks until a lane holds at most four of them (the fused
+    lookup reads two rows per element; more spills registers on 64-lane AMD waves). Tile height, and thus the table, is unchanged."""
+    lanes = config["num_warps"] * _WAVE64
+    block_h = config["BLOCK_H"]
+    while block_h > 16 and config["BLOCK_M"] * block_h > 4 * lanes:
+        block_h //= 2
+    return {**config, "BLOCK_H": block_h}
+
+
+def validate_config(config: dict) -> dict:
+    missing = [k for k in CONFIG_KEYS if k not in config]
+    if missing:
+        raise KernelInputError(f"kernel config {config!r} lacks keys {missing}")
+    for key in ("BLOCK_M", "BLOCK_H", "num_warps"):
+        if not _is_pow2(config[key]):
+            raise KernelInputError(
+                f"kernel config {key}={config[key]!r} must be a positive power of two"
+            )
+    if not isinstance(config["num_stages"], int) or config["num_stages"] < 1:
+        raise KernelInputError(
+            f"kernel config num_stages={config['num_stages']!r} must be an int >= 1"
+        )
+    return {k: config[k] for k in CONFIG_KEYS}
+
+
+def resolve_config(
+    kernel: str, *, dtype, hidden: int, n_rows: int, device, config: dict | None = None
+) -> dict:
+    """The caller's config if given, else the tuned one for this GPU, else the heuristic."""
+    if config is not None:
+        return validate_config(config)
+    try:
+        from .tuning import get_config
+    except ModuleNotFoundError as exc:
+        # Only the absence of tuning.py itself falls back; a broken import inside it is a bug.
+        if exc.name != f"{__package__}.tuning":
+            raise
+        return heuristic_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows)
+    return validate_config(
+        get_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows, device=device)
+    )

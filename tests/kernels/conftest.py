@@ -1,0 +1,63 @@
+"""Kernel tests run the Triton kernels on CPU tensors through the Triton interpreter.
+
+``TRITON_INTERPRET`` must be set before triton decorates the kernels, so it is set here,
+before any test module imports ``mm_schedule.kernels`` (``make test`` sets it anyway).
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest
+import torch
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@pytest.fixture
+def triton_backend(monkeypatch):
+    """Force the Triton kernels (interpreted) for the duration of a test."""
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+
+
+@pytest.fixture
+def torch_backend(monkeypatch):
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "torch")
+
+
+def poisoned(shape, dtype):
+    """A tensor every kernel must overwrite or leave alone visibly: all NaN."""
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def assert_bitwise_equal(actual, expected):
+    """Equal bit patterns (NaN poison compares equal to itself), naming the first bad row."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    if actual.numel() == 0:
+        return
+    a = actual.contiguous().view(_BITS[actual.element_size()])
+    e = expected.contiguous().view(_BITS[expected.element_size()])
+    bad = (a != e).reshape(a.shape[0], -1).any(dim=1) if a.dim() else (a != e)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise AssertionError(
+            f"row {row} differs: got {actual[row][:8]}, expected {expected[row][:8]}"
+        )
+
+
+def random_rows(n_rows, hidden, dtype, generator=None):
+    return (torch.randn(n_rows, hidden, generator=generator) * 3).to(dtype)
+
+
+@pytest.fixture
+def helpers():
+    class Helpers:
+        pass
+
+    h = Helpers()
+    h.poisoned = poisoned
+    h.assert_bitwise_equal = assert_bitwise_equal
+    h.random_rows = random_rows
+    h.FLOAT_DTYPES = FLOAT_DTYPES
+    return h

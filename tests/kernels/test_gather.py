@@ -1,0 +1,238 @@
+"""Segment gather (Triton, interpreted) against the torch reference, bit for bit."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mm_schedule.errors import KernelInputError, SegmentError
+from mm_schedule.kernels import gather as gather_mod
+from mm_schedule.kernels.gather import (
+    gather_segments,
+    gather_segments_ref,
+    plan_segments,
+    run_segments,
+)
+from mm_schedule.kernels.segments import Segment
+from mm_schedule.kernels.table import host_tiles
+
+FIXTURE_OK = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+SMALL = {"BLOCK_M": 4, "BLOCK_H": 64, "num_warps": 1, "num_stages": 1}
+
+
+def run_both(helpers, sources, segments, dest_rows, dtype, config=None):
+    """Kernel output and reference output, both started from NaN poison."""
+    hidden = sources[0].shape[1]
+    out = helpers.poisoned((dest_rows, hidden), dtype)
+    expected = helpers.poisoned((dest_rows, hidden), dtype)
+    gather_segments(sources, segments, out=out, config=config)
+    gather_segments_ref(sources, [Segment(*s) for s in segments], expected)
+    helpers.assert_bitwise_equal(out, expected)
+    return out
+
+
+@st.composite
+def tables(draw):
+    """Random sources and a random non-overlapping table, destination rows shuffled."""
+    hidden = draw(st.sampled_from([64, 72, 100, 130, 256]))
+    n_sources = draw(st.integers(1, 4))
+    sizes = [draw(st.integers(1, 24)) for _ in range(n_sources)]
+    segments = []
+    for _ in range(draw(st.integers(0, 8))):
+        s = draw(st.integers(0, n_sources - 1))
+        start = draw(st.integers(0, sizes[s] - 1))
+        n = draw(st.integers(1, sizes[s] - start))
+        segments.append((s, start, n))
+    order = draw(st.permutations(range(len(segments))))
+    gaps = [draw(st.integers(0, 3)) for _ in segments]
+    placed, row = [None] * len(segments), draw(st.integers(0, 2))
+    for i, gap in zip(order, gaps):
+        placed[i] = (*segments[i], row)
+        row += segments[i][2] + gap
+    return hidden, sizes, placed, row + draw(st.integers(0, 3))
+
+
+@FIXTURE_OK
+@given(
+    table=tables(),
+    src_dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+    dst_dtype=st.sampled_from([torch.bfloat16, torch.float16, torch.float32]),
+    seed=st.integers(0, 2**31 - 1),
+    block_m=st.sampled_from([1, 2, 4, 8]),
+)
+def test_random_tables_match_reference(
+    triton_backend, helpers, table, src_dtype, dst_dtype, seed, block_m
+):
+    hidden, sizes, segments, dest_rows = table
+    gen = torch.Generator().manual_seed(seed)
+    sources = [helpers.random_rows(n, hidden, src_dtype, gen) for n in sizes]
+    out = run_both(helpers, sources, segments, dest_rows, dst_dtype, {**SMALL, "BLOCK_M": block_m})
+    written = torch.zeros(dest_rows, dtype=torch.bool)
+    for _, _, n, d in segments:
+        written[d : d + n] = True
+    # Rows no segment names keep their poison; every written row is finite data.
+    assert out[~written].isnan().all()
+    assert not out[written].isnan().any()
+
+
+def test_empty_table_launches_nothing_and_keeps_poison(triton_backend, helpers):
+    sources = [helpers.random_rows(5, 64, torch.bfloat16)]
+    out = run_both(helpers, sources, [], 7, torch.bfloat16)
+    assert out.isnan().all()
+    assert gather_segments(sources, []).shape == (0, 64)
+
+
+def test_one_row_and_whole_source_segments(triton_backend, helpers):
+    sources = [helpers.random_rows(n, 96, torch.float16) for n in (1, 13, 30)]
+    segments = [(0, 0, 1, 0), (1, 0, 13, 1), (2, 29, 1, 14), (2, 0, 30, 16), (1, 7, 1, 46)]
+    out = run_both(helpers, sources, segments, 48, torch.float16)
+    assert torch.equal(out[16:46], sources[2]) and torch.equal(out[1:14], sources[1])
+
+
+def test_hundreds_of_small_segments(triton_backend, helpers):
+    gen = torch.Generator().manual_seed(1)
+    sources = [helpers.random_rows(3, 64, torch.bfloat16, gen) for _ in range(120)]
+    segments, row = [], 0
+    for i in range(300):
+        n = 1 + i % 3
+        segments.append((i % 120, 0, n, row))
+        row += n
+    run_both(helpers, sources, segments, row + 2, torch.bfloat16, {**SMALL, "BLOCK_M": 2})
+
+
+def test_skewed_sizes_split_into_even_tiles(triton_backend, helpers):
+    gen = torch.Generator().manual_seed(2)
+    sources = [
+        helpers.random_rows(203, 64, torch.float32, gen),
+        helpers.random_rows(1, 64, torch.float32, gen),
+    ]
+    segments = [(0, 0, 203, 0)] + [(1, 0, 1, 203 + i) for i in range(20)]
+    run_both(helpers, sources, segments, 230, torch.float32, {**SMALL, "BLOCK_M": 8})
+    plan = plan_segments(sources, segments, torch.empty(230, 64), config={**SMALL, "BLOCK_M": 8})
+    rows = plan.tiles[:, 2]
+    assert plan.n_tiles == 26 + 20 and int(rows.max()) <= 8 and int(rows.sum()) == 223
+
+
+def test_host_tiles_match_a_direct_construction():
+    segments = [Segment(1, 3, 10, 50), Segment(0, 0, 4, 0), Segment(1, 0, 1, 7)]
+    bases, row_bytes, block_m = [1 << 20, 1 << 30], 256, 4
+    expected = []
+    for source, src_row, n_rows, dst_row in segments:
+        for start in range(0, n_rows, block_m):
+            expected.append(
+                [
+                    bases[source] + (src_row + start) * row_bytes,
+                    dst_row + start,
+                    min(block_m, n_rows - start),
+                ]
+            )
+    assert host_tiles(segments, bases, row_bytes, block_m).tolist() == expected
+
+
+def test_unaligned_sources_take_the_unaligned_variant(triton_backend, helpers):
+    # A row-offset view of an odd-width tensor: its data pointer is 2 bytes past an aligned one.
+    base = helpers.random_rows(40, 67, torch.bfloat16)
+    view = base[1:]
+    assert view.data_ptr() % 16 != 0
+    dest = helpers.poisoned((30, 67), torch.bfloat16)
+    assert not plan_segments([view], [(0, 2, 20, 5)], dest).aligned
+    run_both(helpers, [view], [(0, 2, 20, 5), (0, 38, 1, 0)], 30, torch.bfloat16)
+    # Even width, but the source starts 8 bytes into an allocation: still detected.
+    shifted = helpers.random_rows(20, 64, torch.bfloat16).view(-1)[4 : 4 + 10 * 64].view(10, 64)
+    assert shifted.data_ptr() % 16 == 8
+    assert not plan_segments(
+        [shifted], [(0, 0, 3, 0)], torch.empty(10, 64, dtype=torch.bfloat16)
+    ).aligned
+    run_both(helpers, [shifted], [(0, 1, 9, 0)], 10, torch.float32)
+
+
+def test_aligned_inputs_take_the_aligned_variant(triton_backend, helpers):
+    sources = [helpers.random_rows(8, 64, torch.bfloat16)]
+    dest = helpers.poisoned((8, 64), torch.bfloat16)
+    assert plan_segments(sources, [(0, 0, 8, 0)], dest).aligned
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_each_dtype_default_config(triton_backend, helpers, dtype):
+    sources = [helpers.random_rows(9, 128, dtype), helpers.random_rows(4, 128, dtype)]
+    run_both(helpers, sources, [(1, 1, 3, 0), (0, 0, 9, 4)], 14, dtype)
+
+
+def test_plan_runs_repeatedly_and_updates_in_place(triton_backend, helpers):
+    config = {**SMALL, "BLOCK_M": 2}
+    first = [helpers.random_rows(6, 64, torch.float16)]
+    dest = helpers.poisoned((10, 64), torch.float16)
+    plan = plan_segments(first, [(0, 0, 6, 2)], dest, config=config, capacity=8)
+    table_ptr = plan.tiles.data_ptr()
+    assert plan.grid == 8 and plan.tiles[3:, 2].eq(0).all()  # padding tiles copy nothing
+    run_segments(plan, dest)
+    assert torch.equal(dest[2:8], first[0]) and dest[:2].isnan().all() and dest[8:].isnan().all()
+    second = [helpers.random_rows(3, 64, torch.float16), helpers.random_rows(9, 64, torch.float16)]
+    plan.update(second, [(1, 0, 9, 0), (0, 2, 1, 9)])
+    assert plan.tiles.data_ptr() == table_ptr
+    run_segments(plan, dest)
+    assert torch.equal(dest[:9], second[1]) and torch.equal(dest[9], second[0][2])
+    with pytest.raises(KernelInputError, match="tiles"):
+        plan.update(second, [(1, 0, 9, 0)] * 0 + [(1, 0, 1, i) for i in range(9)])
+
+
+def test_run_rejects_a_different_destination(triton_backend, helpers):
+    sources = [helpers.random_rows(4, 64, torch.float32)]
+    plan = plan_segments(sources, [(0, 0, 4, 0)], torch.empty(4, 64))
+    with pytest.raises(KernelInputError, match="differs from the planned"):
+        run_segments(plan, torch.empty(5, 64))
+
+
+class ExplodingKernel:
+    def __getitem__(self, grid):
+        raise AssertionError("bad input reached the kernel")
+
+
+@pytest.mark.parametrize(
+    ("segments", "message"),
+    [
+        ([(0, 5, 4, 0)], "outside source 0"),
+        ([(0, 0, 4, 9)], "outside a destination"),
+        ([(2, 0, 1, 0)], "source index 2 out of range"),
+        ([(0, 0, 0, 0)], "n_rows must be positive"),
+        ([(0, 0, 3, 0), (1, 0, 2, 2)], "overlapping"),
+        ([(0, -1, 2, 0)], "outside source 0"),
+    ],
+)
+def test_bad_tables_raise_before_launch(triton_backend, helpers, monkeypatch, segments, message):
+    monkeypatch.setattr(gather_mod, "segment_copy_kernel", ExplodingKernel())
+    sources = [
+        helpers.random_rows(8, 64, torch.bfloat16),
+        helpers.random_rows(2, 64, torch.bfloat16),
+    ]
+    with pytest.raises(SegmentError, match=message):
+        gather_segments(sources, segments, out=torch.empty(10, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(
+    ("make_sources", "message"),
+    [
+        (lambda: [torch.randn(4, 32)], "hidden size 32"),
+        (lambda: [torch.randn(64, 4).t()], "not contiguous"),
+        (lambda: [torch.randn(4, 64, device="meta")], "move it with .to"),
+        (lambda: [torch.ones(4, 64, dtype=torch.int32)], "dtype torch.int32"),
+        (lambda: [torch.randn(4, 64), torch.randn(4, 64).half()], "one source dtype"),
+        (lambda: [torch.randn(4, 2, 32)], "must be 2-D"),
+    ],
+)
+def test_bad_tensors_raise_before_launch(triton_backend, monkeypatch, make_sources, message):
+    monkeypatch.setattr(gather_mod, "segment_copy_kernel", ExplodingKernel())
+    with pytest.raises(KernelInputError, match=message):
+        gather_segments(make_sources(), [(0, 0, 1, 0)], out=torch.empty(4, 64))
+
+
+def test_non_contiguous_destination_is_rejected(triton_backend):
+    with pytest.raises(KernelInputError, match="destination must be contiguous"):
+        gather_segments([torch.randn(4, 64)], [(0, 0, 1, 0)], out=torch.empty(64, 8).t())
+
+
+def test_unsupported_dtype_names_the_torch_backend(triton_backend):
+    with pytest.raises(KernelInputError, match="MM_SCHEDULE_KERNEL_BACKEND=torch"):
+        gather_segments([torch.randn(4, 64, dtype=torch.float64)], [(0, 0, 1, 0)])
