@@ -1,0 +1,47 @@
+"""What the codemod reports: one record per edit or per thing it would not edit.
+
+Rule codes are stable (scripts and CI filters key on them); never renumber a code,
+only add new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# code -> (short name, what it means). Printed by ``--json`` summaries and docs.
+RULES: dict[str, tuple[str, str]] = {
+    "MMS001": ("moved-name", "name moved to the new module; reference rewritten"),
+    "MMS002": ("moved-private", "private name moved to the new module; rewritten, but it is "
+               "private there and its signature may change between releases"),
+    "MMS003": ("import-origin", "the old module only imported this name and no longer binds it; "
+               "rewritten to its origin module"),
+    "MMS004": ("stale-global", "from-import of a module global that is rebound at run time; "
+               "the imported value goes stale"),
+    "MMS005": ("old-site-patch", "patch or assignment at the name's old look-up site; code that "
+               "now lives in the new module does not see it"),
+    "MMS006": ("star-import", "star import of the old module relies on names that moved"),
+    "MMS007": ("dynamic-access", "dynamic access (getattr, importlib, string) to a moved name; "
+               "not rewritten"),
+    "MMS008": ("path-loader", "the old module is loaded from a file path; not rewritten"),
+    "MMS009": ("removed-name", "name was removed from the old module and has no new home"),
+    "MMS010": ("unmapped-import", "the old module bound this name by an import a plain "
+               "from-import cannot reproduce; bind it yourself"),
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    path: str
+    line: int  # 1-based
+    column: int  # 1-based
+    code: str
+    symbol: str
+    message: str
+    fixed: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def render(self) -> str:
+        mark = "fixed" if self.fixed else "manual"
+        return f"{self.path}:{self.line}:{self.column}: {self.code} [{mark}] {self.message}"

@@ -1,0 +1,96 @@
+"""Cheap gates in front of the libcst pass.
+
+Most files of a repository never mention the old module: a bytes search skips them
+without parsing. Of those that do, most import only names that stayed; a CPython
+``ast`` walk (about ten times cheaper than building a libcst tree with scope
+analysis) says whether anything could need an edit or a report. Both gates are
+conservative: they only ever let through more files than the transform acts on.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from .move_map import MoveMap
+from .resolve import absolute_module, parent_and_base
+
+
+@dataclass(frozen=True)
+class Gate:
+    needles: tuple[bytes, ...]
+    old: str
+    old_prefixes: frozenset[str]  # "a", "a.b", ... up to the old module itself
+    interesting: frozenset[str]  # names that left the old module
+    rebound_sources: frozenset[str]  # modules a rebound global may be from-imported from
+    rebound: frozenset[str]
+    path_forms: tuple[str, ...]
+
+    @classmethod
+    def for_map(cls, move_map: MoveMap) -> Gate:
+        old = move_map.old_module
+        old_parent, old_base = parent_and_base(old)
+        needles = [old_base.encode()]
+        if move_map.rebound_globals:
+            needles.append(parent_and_base(move_map.new_module)[1].encode())
+        parts = old.split(".")
+        prefixes = frozenset(".".join(parts[: i + 1]) for i in range(len(parts)))
+        path_forms = ("/".join(parts) + ".py",)
+        if old_parent:
+            path_forms += (f"{parts[-2]}/{old_base}.py",)
+        return cls(
+            needles=tuple(dict.fromkeys(needles)),
+            old=old,
+            old_prefixes=prefixes,
+            interesting=frozenset(move_map.moved)
+            | frozenset(move_map.import_origins)
+            | frozenset(move_map.removed)
+            | frozenset(move_map.unmapped_imports),
+            rebound_sources=frozenset({old, move_map.new_module}),
+            rebound=move_map.rebound_globals,
+            path_forms=path_forms,
+        )
+
+    def mentions(self, source: bytes) -> bool:
+        return any(needle in source for needle in self.needles)
+
+    def needs_transform(self, source: bytes, package: str | None) -> bool:
+        """Whether the libcst pass could edit or report anything in ``source``.
+
+        True as well when ``ast`` cannot parse it: the libcst pass then decides
+        (and reports the file as unparsable if it cannot either).
+        """
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            return True
+        binds_old_module = False
+        words: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = absolute_module(package, node.level, node.module)
+                if module is None:
+                    continue
+                names = {a.name for a in node.names}
+                if module == self.old and ("*" in names or names & self.interesting):
+                    return True
+                if module in self.rebound_sources and names & self.rebound:
+                    return True
+                if any(f"{module}.{n}" in self.old_prefixes for n in names):
+                    binds_old_module = True
+            elif isinstance(node, ast.Import):
+                if any(a.name in self.old_prefixes or a.name.startswith(self.old + ".")
+                       for a in node.names):
+                    binds_old_module = True
+            elif isinstance(node, ast.Attribute):
+                words.add(node.attr)
+            elif isinstance(node, ast.keyword) and node.arg:
+                words.add(node.arg)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value
+                if self.old + "." in text or text == self.old:
+                    return True
+                if any(form in text for form in self.path_forms):
+                    return True
+                words.add(text)
+        return binds_old_module and not words.isdisjoint(self.interesting)

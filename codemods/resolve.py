@@ -1,0 +1,106 @@
+"""Module-path arithmetic: which package a file belongs to, what a relative import names."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import libcst as cst
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_package_dir(path: Path) -> bool:
+    return (path / "__init__.py").is_file() or (path / "__init__.pyi").is_file()
+
+
+@functools.lru_cache(maxsize=4096)
+def _inside_package(path: Path) -> bool:
+    """Whether some ancestor of ``path`` is a regular package (so ``path`` is a
+    namespace portion of it, like SGLang's ``sglang/srt`` under ``sglang``)."""
+    parent = path.parent
+    if parent == path:
+        return False
+    return _is_package_dir(parent) or _inside_package(parent)
+
+
+def package_for(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str | None:
+    """The package a file's relative imports resolve against, or None if unknown.
+
+    Walk up from the file's folder through package folders: those with ``__init__.py``
+    and namespace folders nested inside one (SGLang's ``sglang/srt`` has no
+    ``__init__.py`` but sits in ``sglang``). ``pkg/__init__.py`` and ``pkg/mod.py`` both
+    resolve against ``pkg``. A file whose folder is neither (a top-level namespace
+    package or a script) falls back to its folder relative to ``root``.
+    """
+    file_dir = Path(path).resolve().parent
+    if _is_package_dir(file_dir) or _inside_package(file_dir):
+        parts: list[str] = []
+        here = file_dir
+        while _is_package_dir(here) or _inside_package(here):
+            parts.append(here.name)
+            here = here.parent
+        names = list(reversed(parts))
+        return ".".join(names) if all(p.isidentifier() for p in names) else None
+    if root is None:
+        return None
+    top = Path(root).resolve()
+    if top.is_file():
+        top = top.parent
+    try:
+        rel = file_dir.relative_to(top)
+    except ValueError:
+        return None
+    parts = [p for p in rel.parts if p]
+    if not all(p.isidentifier() for p in parts):
+        return None
+    return ".".join(parts)
+
+
+def absolute_module(package: str | None, level: int, module: str | None) -> str | None:
+    """Absolute name of ``from <level dots><module> import ...`` inside ``package``."""
+    if level == 0:
+        return module
+    if package is None:
+        return None
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    base = parts[: len(parts) - (level - 1)]
+    if module:
+        base = [*base, module]
+    return ".".join(base) or None
+
+
+def relative_base(package: str | None, level: int) -> str | None:
+    """The package that ``level`` leading dots name inside ``package``."""
+    if package is None or level == 0:
+        return None
+    parts = package.split(".") if package else []
+    if level - 1 > len(parts):
+        return None
+    return ".".join(parts[: len(parts) - (level - 1)]) or None
+
+
+def dotted_name(node: cst.BaseExpression | None) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        head = dotted_name(node.value)
+        return None if head is None else f"{head}.{node.attr.value}"
+    return None
+
+
+def dotted_expr(name: str) -> cst.Name | cst.Attribute:
+    """Build the Name/Attribute chain for a dotted name."""
+    head, *rest = name.split(".")
+    expr: cst.Name | cst.Attribute = cst.Name(head)
+    for part in rest:
+        expr = cst.Attribute(value=expr, attr=cst.Name(part))
+    return expr
+
+
+def parent_and_base(module: str) -> tuple[str, str]:
+    parent, _, base = module.rpartition(".")
+    return parent, base

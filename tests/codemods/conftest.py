@@ -1,0 +1,82 @@
+"""Shared helpers for the transform and CLI tests: a small synthetic move map (so the
+tests do not depend on the derived SGLang map's exact contents) and before/after checks."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from mm_schedule.codemods.move_map import MoveMap
+from mm_schedule.codemods.transform import migrate_source
+
+OLD = "sglang.srt.managers.mm_utils"
+NEW = "sglang.srt.managers.mm_schedule"
+
+SYNTHETIC_MAP = {
+    "header": {"generated_by": "tests/codemods/conftest.py"},
+    "old_module": OLD,
+    "new_module": NEW,
+    "moved": {
+        "get_embedding_and_mask": {"kind": "function", "private": False},
+        "init_mm_embedding_cache": {"kind": "function", "private": False},
+        "get_embedding_chunk": {"kind": "function", "private": False},
+        "PerImageRequestInfo": {"kind": "class", "private": False},
+        "embedding_cache": {"kind": "variable", "private": False},
+        "_get_multimodal_mask": {"kind": "function", "private": True},
+        "_adjust_embedding_length": {"kind": "function", "private": True},
+        "_is_hip": {"kind": "variable", "private": True},
+    },
+    "reexported": ["get_embedding_and_mask", "init_mm_embedding_cache"],
+    "import_origins": {"MultimodalDataItem": "sglang.srt.managers.schedule_batch"},
+    "rebound_globals": ["embedding_cache"],
+    "removed": ["old_helper"],
+    "unmapped_imports": {"np": "import numpy as np"},
+}
+
+
+@pytest.fixture
+def move_map() -> MoveMap:
+    return MoveMap.from_dict(SYNTHETIC_MAP)
+
+
+@pytest.fixture
+def map_file(tmp_path):
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(SYNTHETIC_MAP))
+    return path
+
+
+def _run(source: str, move_map: MoveMap, package: str | None = "app"):
+    """(new source text, findings) for dedented ``source``."""
+    outcome = migrate_source(textwrap.dedent(source), move_map, package=package, path="t.py")
+    text = outcome.new_source.decode() if outcome.new_source is not None else textwrap.dedent(source)
+    return text, outcome.findings
+
+
+def _assert_migrates(before: str, after: str, move_map: MoveMap, *, package: str | None = "app",
+                    codes: list[str] | None = None):
+    """CodemodTest-style: ``before`` becomes exactly ``after``, a second run changes
+    nothing, and (if given) the finding codes are ``codes`` in source order."""
+    got, findings = _run(before, move_map, package)
+    assert got == textwrap.dedent(after)
+    again = migrate_source(got, move_map, package=package, path="t.py")
+    assert again.new_source is None, "second run changed the file again"
+    if codes is not None:
+        assert [f.code for f in findings] == codes
+    return findings
+
+
+@pytest.fixture
+def migrate(move_map):
+    """migrate(source, package="app") -> (new text, findings) with the synthetic map."""
+    return lambda source, package="app": _run(source, move_map, package)
+
+
+@pytest.fixture
+def check(move_map):
+    """check(before, after, package="app", codes=None) -> findings (see _assert_migrates)."""
+    return lambda before, after, package="app", codes=None: _assert_migrates(
+        before, after, move_map, package=package, codes=codes
+    )
