@@ -61,6 +61,16 @@ def _prepare_sources(plan: StepPlan, device: Any) -> list[Any]:
     return tensors
 
 
+def _common_dtype(tensors: list[Any], dtype: Any) -> list[Any]:
+    """The kernels read one source dtype per launch (and cast it on the fly); sources
+    that disagree (say, a bf16 image encoder beside an fp32 audio one in a fused
+    merge) are converted up front."""
+    if len({t.dtype for t in tensors}) <= 1:
+        return tensors
+    target = dtype or tensors[0].dtype
+    return [t.to(target) for t in tensors]
+
+
 def run_step(
     requests: Sequence[RequestChunk],
     encoders: Encoders,
@@ -109,7 +119,8 @@ def embed_chunk(
 
     def assemble(plan: StepPlan, tensors: list[Any]) -> Any:
         segments = [(g.source, g.src_row, g.n_rows, g.packed_row) for g in plan.segments]
-        return gather_segments(tensors, segments, out=out, dtype=dtype)
+        target = dtype if out is None else out.dtype
+        return gather_segments(_common_dtype(tensors, target), segments, out=out, dtype=dtype)
 
     return run_step(requests, encoders, cache=cache, context=context, device=device, assemble=assemble)
 
@@ -128,7 +139,7 @@ def merge_chunk(
 
     def assemble(plan: StepPlan, tensors: list[Any]) -> Any:
         segments = [(g.source, g.src_row, g.n_rows, g.token_row) for g in plan.segments]
-        return merge_segments(tensors, segments, input_embeds)
+        return merge_segments(_common_dtype(tensors, input_embeds.dtype), segments, input_embeds)
 
     result = run_step(
         requests, encoders, cache=cache, context=context, device=input_embeds.device, assemble=assemble

@@ -173,6 +173,20 @@ def test_multi_modality_fused_merge_in_position_order():
     assert [len(e.calls) for e in encs.values()] == [1, 1, 1]
 
 
+def test_fused_merge_with_encoders_of_different_dtypes():
+    img, aud = image(1, 0, 3), image(2, 4, 2, modality="AUDIO")
+    req = RequestChunk(items=[img, aud], prefix=0, extend=6)
+
+    def bf16_encoder(items):
+        return torch.cat([truth(it.hash, 3) for it in items]).to(torch.bfloat16)
+
+    embeds = torch.full((6, HIDDEN), float("nan"), dtype=torch.bfloat16)
+    merge_chunk(embeds, [req], {"IMAGE": bf16_encoder, "AUDIO": CountingEncoder()})
+    assert torch.equal(embeds[[0, 1, 2]], truth(1, 3).to(torch.bfloat16))
+    assert torch.equal(embeds[[4, 5]], truth(2, 2).to(torch.bfloat16))
+    assert torch.isnan(embeds[3].float()).all()
+
+
 def test_missing_encoder_for_modality():
     req = RequestChunk(items=[image(1, 0, 2, modality="AUDIO")], prefix=0, extend=2)
     with pytest.raises(InvalidItemError, match="no encoder given for modality AUDIO"):
