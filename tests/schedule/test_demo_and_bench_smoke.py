@@ -1,0 +1,118 @@
+"""`make demo` and the planning benchmark run end to end and report success, and the
+checks they print can fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+# Generous: both normally finish in well under a minute together, but the two cores are shared.
+TIMEOUT_S = 180
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+    )
+
+
+def _load(relative: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_runs_and_passes():
+    pytest.importorskip("transformers")
+    proc = _run("examples/demo.py")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert out.rstrip().splitlines()[-1] == "PASS"
+    assert "FAIL" not in out
+    steps = re.findall(r"^step (\d+):", out, re.M)
+    assert steps == ["1", "2", "3"]
+    # Every step checks packed rows, fused placeholder rows and untouched text rows.
+    assert len(re.findall(r"^  PASS  ", out, re.M)) == 3 * len(steps)
+    # Step 1 batches the images of all requests into one call, the video into its own;
+    # the last step is served from the cache alone.
+    packed = re.findall(r"^  packed\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", out, re.M)
+    assert packed[0][:3] == ("2", "3", "0")
+    assert packed[-1][:2] == ("0", "0") and int(packed[-1][2]) > 0
+
+
+def test_planning_benchmark_quick_runs_and_passes():
+    proc = _run("benchmarks/bench_schedule.py", "--quick")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "check: PASS" in out and "FAIL" not in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and line.rstrip().endswith("| PASS |")]
+    assert len(rows) == 4
+    for line in rows:
+        per_item = float(line.split("|")[4])
+        assert per_item > 0
+
+
+def test_planning_benchmark_check_catches_wrong_rows(monkeypatch):
+    bench = _load("benchmarks/bench_schedule.py", "_bench_schedule_under_test")
+    requests = bench.build_requests(n_requests=3, images=2, rows=5, hidden=4)
+    rows, failures = bench.run_cases(requests, repeats=1)
+    assert not failures and all(r[-1] == "PASS" for r in rows)
+
+    monkeypatch.setattr(bench, "identity_encoder", lambda items: [it.feature + 1 for it in items])
+    rows, failures = bench.run_cases(requests, repeats=1)
+    assert any("differ from the naive reference" in f for f in failures)
+    assert rows[2][-1] == "FAIL"
+
+
+def test_demo_comparison_rejects_wrong_rows():
+    demo = _load("examples/demo.py", "_demo_under_test")
+    want = torch.randn(6, 4)
+    assert demo.compare("x", want.clone(), want)[0]
+    off = want.clone()
+    off[3, 1] += 1e-3
+    assert not demo.compare("x", off, want)[0]
+    poisoned = want.clone()
+    poisoned[0, 0] = float("nan")
+    assert not demo.compare("x", poisoned, want)[0]
+    assert not demo.compare("x", want[:5], want)[0]
+
+
+def test_vision_encoder_rows_forms_and_bad_pixels():
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from vision_encoder import VisionEncoder, small_shape
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from mm_schedule import MMItem
+
+    shape = small_shape(num_layers=1, image_size=28)  # 2 x 2 patches: 4 rows per image
+    encoder = VisionEncoder(shape)
+    gen = torch.Generator().manual_seed(3)
+    image = MMItem(hash=1, offsets=[(0, 3)], feature=encoder.random_image(gen))
+    video = MMItem(hash=2, offsets=[(5, 8), (10, 13), (15, 18)], feature=encoder.random_video(3, gen))
+
+    combined = encoder([image, video])
+    assert combined.shape == (4 + 12, shape.lm_hidden) and torch.isfinite(combined).all()
+    pieces = encoder.encode([image, video], per_item=True)
+    assert [p.shape[0] for p in pieces] == [4, 12]
+    # Same batch, same arithmetic: the per-item form is the combined rows, split.
+    assert torch.equal(torch.cat(pieces), combined)
+    # Different images give different rows (the weights are not degenerate).
+    assert not torch.allclose(combined[:4], combined[4:8])
+    assert encoder.calls == 2 and encoder.items_seen == 4
+
+    with pytest.raises(ValueError, match=r"item 0: feature of shape \(3, 30, 30\)"):
+        encoder([MMItem(hash=3, offsets=[(0, 3)], feature=torch.zeros(3, 30, 30))])
+    with pytest.raises(TypeError, match="pixel tensor"):
+        encoder([MMItem(hash=4, offsets=[(0, 3)], feature=[1, 2, 3])])
