@@ -1,7 +1,8 @@
 """The move map: which names left a module, where they went, and how to treat them.
 
 Kept as data (``maps/*.json``) so that the transform hard-codes no symbol and the
-same codemod serves other module splits (``--map FILE``).
+same codemod serves other module splits (``--map FILE``). ``derive.py`` produces the
+maps from two versions of the module's source; nobody edits them by hand.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ..errors import MoveMapError
+
 DEFAULT_MAP = "sglang_mm_schedule.json"
+KINDS = ("function", "class", "variable")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,23 @@ class MoveMap:
     # Module globals rebound at run time (``global x; x = ...``); a from-import of them is stale.
     rebound_globals: frozenset[str]
     header: dict = field(default_factory=dict, compare=False)
+    # Names defined in old_module that neither new file binds: nothing to rewrite to.
+    removed: frozenset[str] = frozenset()
+    # Names old_module bound only by an import that a plain ``from ORIGIN import name``
+    # cannot reproduce (``import numpy as np``, ``from x import a as b``), no longer bound
+    # there -> the statement that bound them, for a finding's message (reported, not edited).
+    unmapped_imports: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, moved in self.moved.items():
+            if moved.kind not in KINDS:
+                raise MoveMapError(f"moved name {name!r} has kind {moved.kind!r}; expected one of {KINDS}")
+        stray = sorted(self.reexported - self.moved.keys())
+        if stray:
+            raise MoveMapError(f"re-exported names must be moved names; not moved: {stray}")
+        clash = sorted(self.moved.keys() & self.import_origins.keys())
+        if clash:
+            raise MoveMapError(f"names listed both as moved and as import-only: {clash}")
 
     @classmethod
     def from_dict(cls, data: dict) -> MoveMap:
@@ -46,9 +67,11 @@ class MoveMap:
                 import_origins=dict(data.get("import_origins", {})),
                 rebound_globals=frozenset(data.get("rebound_globals", ())),
                 header=dict(data.get("header", {})),
+                removed=frozenset(data.get("removed", ())),
+                unmapped_imports=dict(data.get("unmapped_imports", {})),
             )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed move map: {exc!r}") from exc
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise MoveMapError(f"malformed move map: {exc!r}") from exc
 
     def to_dict(self) -> dict:
         return {
@@ -61,7 +84,13 @@ class MoveMap:
             "reexported": sorted(self.reexported),
             "import_origins": dict(sorted(self.import_origins.items())),
             "rebound_globals": sorted(self.rebound_globals),
+            "removed": sorted(self.removed),
+            "unmapped_imports": dict(sorted(self.unmapped_imports.items())),
         }
+
+    def to_json(self) -> str:
+        """The canonical text of a map file: what ``derive`` writes and ``--check`` compares."""
+        return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
     def destination(self, name: str) -> str | None:
         """The module a name imported from ``old_module`` should now come from, or None if it stays."""
@@ -73,6 +102,20 @@ class MoveMap:
 def load_map(path: str | Path | None = None) -> MoveMap:
     if path is None:
         text = resources.files(__package__).joinpath("maps", DEFAULT_MAP).read_text("utf-8")
+        where = f"built-in map {DEFAULT_MAP}"
     else:
-        text = Path(path).read_text("utf-8")
-    return MoveMap.from_dict(json.loads(text))
+        try:
+            text = Path(path).read_text("utf-8")
+        except OSError as exc:
+            raise MoveMapError(f"cannot read move map {path}: {exc.strerror or exc}") from exc
+        where = str(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MoveMapError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MoveMapError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    try:
+        return MoveMap.from_dict(data)
+    except MoveMapError as exc:
+        raise MoveMapError(f"{where}: {exc}") from exc

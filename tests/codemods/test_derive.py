@@ -1,0 +1,551 @@
+"""``derive``: building a move map from two versions of a module's source, by AST."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import textwrap
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from mm_schedule.codemods import derive
+from mm_schedule.codemods.move_map import KINDS, MovedName, MoveMap, load_map
+from mm_schedule.errors import MoveMapError
+
+OLD = "pkg.sub.olds"
+NEW = "pkg.sub.news"
+
+
+def _write(root: Path, module: str, text: str) -> Path:
+    path = root.joinpath(*module.split(".")).with_suffix(".py")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _derive(tmp_path: Path, old: str, new_old: str | None, new: str) -> MoveMap:
+    old_path = _write(tmp_path / "v1", OLD, old)
+    new_paths = [_write(tmp_path / "v2", NEW, new)]
+    if new_old is not None:
+        new_paths.insert(0, _write(tmp_path / "v2", OLD, new_old))
+    return derive.derive_map(old_path, new_paths, old_module=OLD, new_module=NEW)
+
+
+# --------------------------------------------------------------------------- random scenarios
+
+
+@dataclass
+class Scenario:
+    old: list[str] = field(default_factory=list)
+    new_old: list[str] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)
+    moved: dict[str, MovedName] = field(default_factory=dict)
+    reexported: set[str] = field(default_factory=set)
+    import_origins: dict[str, str] = field(default_factory=dict)
+    unmapped: dict[str, str] = field(default_factory=dict)
+    rebound: set[str] = field(default_factory=set)
+    removed: set[str] = field(default_factory=set)
+
+
+def _definition(rng: random.Random, name: str, kind: str) -> str:
+    forms = {
+        "function": ["def {n}(a, b=1):\n    return a\n", "async def {n}():\n    pass\n"],
+        "class": ["class {n}:\n    x = 1\n", "class {n}(Base, metaclass=Meta):\n    pass\n"],
+        "variable": [
+            "{n} = 1\n", "{n}: int = 2\n", "[{n}] = [3]\n", "for {n} in range(2):\n    pass\n",
+            "with open(__file__) as {n}:\n    pass\n", "if FLAG:\n    {n} = 1\nelse:\n    {n} = 2\n",
+        ],
+    }
+    return rng.choice(forms[kind]).format(n=name)
+
+
+# (written import, absolute origin); {o} is the original name, {n} the bound one.
+_PLAIN_IMPORTS = [
+    ("from pkg.util import {n}", "pkg.util"),
+    ("from .sib import {n}", "pkg.sub.sib"),
+    ("from ..top import {n}", "pkg.top"),
+    ("from . import {n}", "pkg.sub"),
+    ("from typing import (\n    {n},\n)", "typing"),
+]
+_ALIASED_IMPORTS = [
+    ("from pkg.util import {o} as {n}", "from pkg.util import {o} as {n}"),
+    ("from .sib import {o} as {n}", "from pkg.sub.sib import {o} as {n}"),
+    ("import json as {n}", "import json as {n}"),
+    ("import {n}.path", "import {n}.path"),
+]
+_REEXPORTS = [
+    "from pkg.sub.news import {n}", "from pkg.sub.news import {n} as {n}", "from .news import {n}",
+    "from .news import (\n    {n} as {n},\n)",
+]
+
+
+def _scenario(seed: int) -> Scenario:
+    rng = random.Random(seed)
+    used: set[str] = set()
+
+    def fresh() -> str:
+        while True:
+            name = rng.choice(["", "_"]) + rng.choice("abcdefghXYZ") + str(rng.randint(0, 999))
+            if name not in used:
+                used.add(name)
+                return name
+
+    s = Scenario()
+    for _ in range(rng.randint(2, 14)):
+        name, kind = fresh(), rng.choice(KINDS)
+        fate = rng.choice(["stay", "move", "reexport", "remove"])
+        s.old.append(_definition(rng, name, kind))
+        if fate == "stay":
+            s.new_old.append(_definition(rng, name, kind))
+        elif fate == "remove":
+            s.removed.add(name)
+        else:
+            s.new.append(_definition(rng, name, kind))
+            s.moved[name] = MovedName(kind=kind, private=name.startswith("_"))
+            if fate == "reexport":
+                s.reexported.add(name)
+                s.new_old.append(rng.choice(_REEXPORTS).format(n=name) + "\n")
+            elif rng.random() < 0.5:  # bound under another name: not a re-export of this one
+                s.new_old.append(f"from .news import {name} as alias_{name}\n")
+            if kind == "variable" and rng.random() < 0.5:
+                s.rebound.add(name)
+                s.new.append(f"def set_{name}(v):\n    global {name}\n    {name} = v\n")
+
+    for _ in range(rng.randint(0, 10)):
+        name = fresh()
+        keep = rng.random() < 0.4
+        if rng.random() < 0.7:
+            written, origin = rng.choice(_PLAIN_IMPORTS)
+            line = written.format(n=name) + "\n"
+            if not keep:
+                s.import_origins[name] = origin
+        else:
+            written, shown = rng.choice(_ALIASED_IMPORTS)
+            line = written.format(n=name, o="orig_" + name) + "\n"
+            if not keep:
+                s.unmapped[name] = shown.format(n=name, o="orig_" + name)
+        s.old.append(line)
+        if keep:
+            s.new_old.append(line)
+        elif rng.random() < 0.5:
+            # The new module importing it too must not make it a "moved" name.
+            s.new.append(line.replace("from .sib", "from pkg.sub.sib"))
+
+    # Decoys: a global only read, and a nested function's local of the same name.
+    s.new.append("def reader():\n    global FLAG\n    return FLAG\n")
+    s.new.append("def outer():\n    global nested_only\n    def inner():\n        nested_only = 1\n    return inner\n")
+    for part in (s.old, s.new_old, s.new):
+        rng.shuffle(part)
+    return s
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_splits_match_their_ground_truth(tmp_path, seed):
+    s = _scenario(seed)
+    m = _derive(tmp_path, "\n".join(s.old), "\n".join(s.new_old), "\n".join(s.new))
+    assert m.old_module == OLD and m.new_module == NEW
+    assert m.moved == s.moved
+    assert m.reexported == s.reexported
+    assert m.import_origins == s.import_origins
+    assert m.unmapped_imports == s.unmapped
+    assert m.rebound_globals == s.rebound
+    assert m.removed == s.removed
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_output_is_deterministic_and_order_independent(tmp_path, seed):
+    s = _scenario(seed)
+    first = _derive(tmp_path / "a", "\n".join(s.old), "\n".join(s.new_old), "\n".join(s.new))
+    again = _derive(tmp_path / "a", "\n".join(s.old), "\n".join(s.new_old), "\n".join(s.new))
+    assert first.to_json() == again.to_json()
+    rng = random.Random(seed + 1000)
+    for part in (s.old, s.new_old, s.new):
+        rng.shuffle(part)
+    shuffled = _derive(tmp_path / "b", "\n".join(s.old), "\n".join(s.new_old), "\n".join(s.new))
+    assert shuffled == first
+    data = json.loads(first.to_json())
+    assert list(data["moved"]) == sorted(data["moved"])
+    assert list(data["import_origins"]) == sorted(data["import_origins"])
+
+
+# --------------------------------------------------------------------------- one rule at a time
+
+
+def test_kinds_privacy_and_staying_names(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="""
+            def f(): ...
+            class C: ...
+            V = 1
+            _p: int = 2
+            def stays(): ...
+            """,
+        new_old="def stays(): ...\n",
+        new="def f(): ...\nclass C: ...\nV = 1\n_p: int = 3\n",
+    )
+    assert m.moved == {
+        "f": MovedName("function", False), "C": MovedName("class", False),
+        "V": MovedName("variable", False), "_p": MovedName("variable", True),
+    }
+    assert m.destination("stays") is None
+    assert not m.reexported and not m.removed and not m.import_origins
+
+
+def test_name_redefined_in_new_old_module_is_not_moved(tmp_path):
+    # A copy left behind means the old import still works and still reaches a definition.
+    m = _derive(tmp_path, old="def f(): ...\n", new_old="def f(): ...\n", new="def f(): ...\n")
+    assert m.moved == {}
+
+
+def test_reexport_forms(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="def a(): ...\ndef b(): ...\ndef c(): ...\ndef d(): ...\ndef e(): ...\n",
+        new_old="""
+            from pkg.sub.news import a
+            from pkg.sub.news import b as b
+            from .news import c
+            from .news import d as renamed
+            from pkg.elsewhere import e
+            """,
+        new="def a(): ...\ndef b(): ...\ndef c(): ...\ndef d(): ...\ndef e(): ...\n",
+    )
+    assert m.reexported == {"a", "b", "c"}
+    assert set(m.moved) == {"a", "b", "c", "d", "e"}
+
+
+def test_import_only_names_get_their_origin_not_the_new_module(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="""
+            from pkg.items import Item, Kept
+            from .cache import Cache
+            from ..runtime import get_ctx
+            from . import sibling_mod
+            def f(x: Item): ...
+            """,
+        new_old="from pkg.items import Kept\n",
+        new="from pkg.items import Item\nfrom pkg.sub.cache import Cache\ndef f(x: Item): ...\n",
+    )
+    assert m.import_origins == {
+        "Item": "pkg.items", "Cache": "pkg.sub.cache", "get_ctx": "pkg.runtime", "sibling_mod": "pkg.sub",
+    }
+    assert set(m.moved) == {"f"}
+    assert m.destination("Item") == "pkg.items"
+
+
+def test_package_init_resolves_relative_imports_against_itself(tmp_path):
+    old = _write(tmp_path / "v1", "pkg.sub.__init__", "from .inner import thing\n")
+    new_old = _write(tmp_path / "v2", "pkg.sub.__init__", "\n")
+    new = _write(tmp_path / "v2", "pkg.other", "x = 1\n")
+    m = derive.derive_map(old, [new_old, new], package_root="pkg")
+    assert (m.old_module, m.new_module) == ("pkg.sub", "pkg.other")
+    assert m.import_origins == {"thing": "pkg.sub.inner"}
+
+
+def test_unmapped_imports_keep_their_statement(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="import numpy as np\nimport os.path\nfrom .helpers import real as nick\nimport torch\n",
+        new_old="import torch\n",
+        new="\n",
+    )
+    assert m.unmapped_imports == {
+        "np": "import numpy as np", "os": "import os.path", "nick": "from pkg.sub.helpers import real as nick",
+    }
+    assert m.import_origins == {}
+
+
+def test_runtime_invisible_bindings_are_ignored(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="""
+            from __future__ import annotations
+            from typing import TYPE_CHECKING
+            import typing
+            if TYPE_CHECKING:
+                from pkg.heavy import Heavy
+            if typing.TYPE_CHECKING:
+                from pkg.heavy import Heavier
+            else:
+                Fallback = None
+            if __name__ == "__main__":
+                main_only = 1
+            declared_only: int
+            __all__ = ["x"]
+            def __getattr__(name): ...
+            try:
+                from pkg.fast import speedy
+            except ImportError:
+                def speedy(): ...
+            """,
+        new_old="from typing import TYPE_CHECKING\nimport typing\n",
+        new="def speedy(): ...\nFallback = None\n__all__ = []\ndef __getattr__(name): ...\n",
+    )
+    assert m.moved == {"speedy": MovedName("function", False), "Fallback": MovedName("variable", False)}
+    assert "annotations" not in m.import_origins and "Heavy" not in m.import_origins
+    assert not m.removed  # declared_only and main_only never existed at import time
+
+
+def test_removed_names(tmp_path):
+    m = _derive(tmp_path, old="def gone(): ...\ndef kept(): ...\n", new_old="def kept(): ...\n", new="\n")
+    assert m.removed == {"gone"}
+    assert m.destination("gone") is None
+
+
+def test_rebound_globals(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="cache = None\ncounter = 0\n",
+        new_old="\n",
+        new="""
+            cache = None
+            counter = 0
+            flag = False
+            state = {}
+            def init(size):
+                global cache
+                cache = object()
+            class Owner:
+                def bump(self):
+                    global counter
+                    counter += 1
+            def only_reads():
+                global flag
+                return flag
+            def mutates():
+                global state
+                state["k"] = 1
+            def via_loop():
+                global loop_var
+                for loop_var in range(3):
+                    pass
+            """,
+    )
+    assert m.rebound_globals == {"cache", "counter", "loop_var"}
+
+
+def test_old_module_deleted(tmp_path):
+    m = _derive(tmp_path, old="def f(): ...\nfrom pkg.x import Y\n", new_old=None, new="def f(): ...\n")
+    assert set(m.moved) == {"f"}
+    assert m.import_origins == {"Y": "pkg.x"}
+    assert m.reexported == frozenset()
+
+
+def test_star_import_in_old_module_is_noted(tmp_path):
+    m = _derive(tmp_path, old="from pkg.base import *\ndef f(): ...\n", new_old="\n", new="def f(): ...\n")
+    assert any("star-imports ['pkg.base']" in note for note in m.header["notes"])
+
+
+def test_header_records_command_and_sources(tmp_path):
+    m = _derive(tmp_path, old="def f(): ...\n", new_old="\n", new="def f(): ...\n")
+    assert m.header["command"].startswith("mm-schedule-codemod derive --old ")
+    assert "--old-module pkg.sub.olds --new-module pkg.sub.news" in m.header["command"]
+    roles = [(s["role"], s["module"]) for s in m.header["sources"]]
+    assert roles == [("old", OLD), ("new", OLD), ("new", NEW)]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_relative_import_beyond_top_level(tmp_path):
+    with pytest.raises(MoveMapError, match=r"olds\.py:1: relative import beyond"):
+        _derive(tmp_path, old="from .... import x\n", new_old="\n", new="\n")
+
+
+def test_syntax_error_names_the_file(tmp_path):
+    with pytest.raises(MoveMapError, match=r"news\.py: cannot parse line 1"):
+        _derive(tmp_path, old="x = 1\n", new_old="\n", new="def (:\n")
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(MoveMapError, match="cannot read"):
+        derive.derive_map(tmp_path / "no.py", [tmp_path / "b.py"], old_module="a", new_module="b")
+
+
+def test_module_names_required_without_package_root(tmp_path):
+    with pytest.raises(MoveMapError, match="--old-module"):
+        derive.derive_map(tmp_path / "a.py", [tmp_path / "b.py"])
+
+
+def test_package_root_infers_modules_in_any_order(tmp_path):
+    old = _write(tmp_path / "v1", OLD, "def f(): ...\n")
+    new_old = _write(tmp_path / "v2", OLD, "from .news import f\n")
+    new = _write(tmp_path / "v2", NEW, "def f(): ...\n")
+    a = derive.derive_map(old, [new_old, new], package_root="pkg")
+    b = derive.derive_map(old, [new, new_old], package_root="pkg")
+    assert a == b and a.reexported == {"f"} and (a.old_module, a.new_module) == (OLD, NEW)
+    with pytest.raises(MoveMapError, match="no directory named 'nothere'"):
+        derive.derive_map(old, [new], package_root="nothere")
+
+
+# --------------------------------------------------------------------------- wheels
+
+
+def _wheel(path: Path, dist: str, version: str, files: dict[str, str]) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        for member, text in files.items():
+            zf.writestr(member, textwrap.dedent(text))
+        zf.writestr(f"{dist}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    return path
+
+
+def _two_wheels(folder: Path) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    old = _wheel(folder / "demo-1.0-py3-none-any.whl", "demo", "1.0", {
+        "demo/core/util.py": "from demo.types import Item\ndef f(): ...\ndef g(): ...\nstate = None\n",
+        "demo/core/other.py": "x = 1\n",
+    })
+    new = _wheel(folder / "demo-2.0-py3-none-any.whl", "demo", "2.0", {
+        "demo/core/util.py": "from .sched import f as f\ndef g(): ...\n",
+        "demo/core/sched.py": "def f(): ...\nstate = None\ndef init():\n    global state\n    state = 1\n",
+    })
+    return old, new
+
+
+def test_from_wheels_paths(tmp_path):
+    old, new = _two_wheels(tmp_path)
+    m = derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util", new_module="demo.core.sched")
+    assert set(m.moved) == {"f", "state"} and m.reexported == {"f"}
+    assert m.import_origins == {"Item": "demo.types"} and m.rebound_globals == {"state"}
+    assert m.header["command"] == (
+        "mm-schedule-codemod derive --from-wheels demo-1.0-py3-none-any.whl demo-2.0-py3-none-any.whl "
+        "--old-module demo.core.util --new-module demo.core.sched"
+    )
+    assert [s["source"] for s in m.header["sources"]] == [
+        "demo 1.0: demo/core/util.py", "demo 2.0: demo/core/util.py", "demo 2.0: demo/core/sched.py",
+    ]
+
+
+def test_from_wheels_pinned_requirement_uses_the_cache(tmp_path):
+    _two_wheels(tmp_path / "cache")
+    m = derive.derive_from_wheels(
+        "demo==1.0", "demo==2.0", old_module="demo.core.util", new_module="demo.core.sched",
+        cache=tmp_path / "cache",
+    )
+    assert "--from-wheels demo==1.0 demo==2.0" in m.header["command"]
+    assert set(m.moved) == {"f", "state"}
+
+
+def test_source_tarball_is_read_too(tmp_path):
+    import io
+    import tarfile
+
+    sdist = tmp_path / "demo-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        for member, text in {
+            "demo-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n",
+            "demo-1.0/python/demo/core/util.py": "def f(): ...\n",
+        }.items():
+            data = text.encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    source = derive.read_archive_source(sdist, "demo.core.util")
+    assert source.origin == "demo 1.0: demo-1.0/python/demo/core/util.py"
+    assert source.text == "def f(): ...\n" and source.package == "demo.core"
+
+
+def test_from_wheels_errors(tmp_path):
+    old, new = _two_wheels(tmp_path)
+    with pytest.raises(MoveMapError, match=r"has no file for module 'demo\.core\.absent'"):
+        derive.derive_from_wheels(str(old), str(new), old_module="demo.core.absent", new_module="demo.core.sched")
+    with pytest.raises(MoveMapError, match="neither an existing file nor a pinned requirement"):
+        derive.fetch_archive("demo>=1", cache=tmp_path)
+    text = tmp_path / "notes.txt"
+    text.write_text("x")
+    with pytest.raises(MoveMapError, match="not a wheel"):
+        derive.read_archive_source(text, "demo")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _cli_files(tmp_path: Path) -> list[str]:
+    old = _write(tmp_path / "v1", OLD, "def f(): ...\ndef g(): ...\n")
+    new_old = _write(tmp_path / "v2", OLD, "def g(): ...\n")
+    new = _write(tmp_path / "v2", NEW, "def f(): ...\n")
+    return ["--old", str(old), "--new", str(new_old), str(new), "--old-module", OLD, "--new-module", NEW]
+
+
+def test_cli_writes_the_same_map_as_the_api(tmp_path, capsys):
+    args = _cli_files(tmp_path)
+    out = tmp_path / "map.json"
+    assert derive.main([*args, "-o", str(out)]) == 0
+    api = derive.derive_map(args[1], args[3:5], old_module=OLD, new_module=NEW)
+    assert out.read_text() == api.to_json()
+    assert derive.main(["derive", *args]) == 0  # as dispatched by the umbrella CLI
+    assert capsys.readouterr().out == api.to_json()
+
+
+def test_cli_check_reports_drift(tmp_path, capsys):
+    args = _cli_files(tmp_path)
+    checked = tmp_path / "checked.json"
+    assert derive.main([*args, "-o", str(checked)]) == 0
+    assert derive.main([*args, "--check", str(checked)]) == 0
+    # A header-only difference is not drift.
+    data = json.loads(checked.read_text())
+    data["header"]["command"] = "edited"
+    checked.write_text(json.dumps(data))
+    assert derive.main([*args, "--check", str(checked)]) == 0
+    # A content difference is: the map lists a name the sources no longer move.
+    data["moved"]["g"] = {"kind": "function", "private": False}
+    checked.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert derive.main([*args, "--check", str(checked)]) == 1
+    captured = capsys.readouterr()
+    assert '-    "g": {' in captured.out
+    assert "drift" in captured.err
+
+
+def test_cli_errors_exit_2(tmp_path, capsys):
+    args = _cli_files(tmp_path)
+    assert derive.main([*args, "--check", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read move map" in capsys.readouterr().err
+    assert derive.main(["--old", str(tmp_path / "none.py"), "--new", "b.py", "--old-module", "a",
+                        "--new-module", "b"]) == 2
+    with pytest.raises(SystemExit) as info:
+        derive.main(["--old", "a.py"])
+    assert info.value.code == 2
+
+
+def test_runs_as_a_module(tmp_path):
+    args = _cli_files(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "mm_schedule.codemods.derive", *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert MoveMap.from_dict(json.loads(proc.stdout)).moved == {"f": MovedName("function", False)}
+
+
+# --------------------------------------------------------------------------- the shipped map
+
+
+def _realworld():
+    path = Path(__file__).with_name("realworld_check.py")
+    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.realworld
+def test_shipped_sglang_map_is_exactly_what_derive_produces():
+    rw = _realworld()
+    old, new = rw.sglang_wheel("0.5.17"), rw.sglang_wheel("0.5.18")
+    assert old.is_file() and new.is_file()
+    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", cache=rw.wheel_cache())
+    shipped = load_map()
+    assert m.to_json() == shipped.to_json()
+    # The facts the SGLang split is known for (reference, section 1.2/1.3).
+    assert len(m.moved) == 20 and sum(v.private for v in m.moved.values()) == 14
+    assert m.reexported == {"DataEmbeddingFunc", "get_embedding_and_mask", "init_mm_embedding_cache"}
+    assert m.rebound_globals == {"embedding_cache"}
+    assert m.import_origins["MultimodalDataItem"] == "sglang.srt.managers.schedule_batch"

@@ -1,0 +1,135 @@
+"""The move-map data format: loading, validation, canonical text, look-ups."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+
+import pytest
+
+from mm_schedule.codemods.move_map import KINDS, MovedName, MoveMap, load_map
+from mm_schedule.errors import MoveMapError
+
+
+def _random_name(rng: random.Random) -> str:
+    head = rng.choice(["", "_"]) + rng.choice(string.ascii_letters)
+    return head + "".join(rng.choices(string.ascii_letters + string.digits + "_", k=rng.randint(0, 10)))
+
+
+def _random_map(rng: random.Random) -> MoveMap:
+    names = list({_random_name(rng) for _ in range(rng.randint(1, 30))})
+    rng.shuffle(names)
+    cut = rng.randint(0, len(names))
+    moved = {n: MovedName(kind=rng.choice(KINDS), private=n.startswith("_")) for n in names[:cut]}
+    origins = {n: rng.choice(["typing", "a.b", "pkg.sub.mod"]) for n in names[cut:]}
+    return MoveMap(
+        old_module="pkg.old",
+        new_module="pkg.new",
+        moved=moved,
+        reexported=frozenset(rng.sample(sorted(moved), k=rng.randint(0, len(moved)))),
+        import_origins=origins,
+        rebound_globals=frozenset(rng.sample(sorted(moved), k=min(2, len(moved)))),
+        header={"command": "x"},
+        removed=frozenset({"gone_" + str(rng.randint(0, 9))}),
+        unmapped_imports={"np": "import numpy as np"} if rng.random() < 0.5 else {},
+    )
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_round_trip_and_canonical_text_ignore_insertion_order(seed):
+    rng = random.Random(seed)
+    original = _random_map(rng)
+    text = original.to_json()
+    loaded = MoveMap.from_dict(json.loads(text))
+    assert loaded == original
+    assert loaded.header == original.header
+    # The same content inserted in another order gives byte-identical text.
+    shuffled_items = list(original.moved.items())
+    rng.shuffle(shuffled_items)
+    reordered = MoveMap.from_dict({**json.loads(text), "moved": {
+        k: {"kind": v.kind, "private": v.private} for k, v in shuffled_items}})
+    assert reordered.to_json() == text
+    assert list(json.loads(text)["moved"]) == sorted(original.moved)
+
+
+def test_header_is_not_part_of_equality():
+    rng = random.Random(99)
+    a = _random_map(rng)
+    b = MoveMap.from_dict({**a.to_dict(), "header": {"command": "something else"}})
+    assert a == b
+    c = MoveMap.from_dict({**a.to_dict(), "removed": [*sorted(a.removed), "another"]})
+    assert a != c
+
+
+def test_destination():
+    m = MoveMap(
+        old_module="o", new_module="n",
+        moved={"f": MovedName("function", False), "_g": MovedName("function", True)},
+        reexported=frozenset({"f"}), import_origins={"Item": "pkg.items"},
+        rebound_globals=frozenset(),
+    )
+    assert m.destination("f") == "n"
+    assert m.destination("_g") == "n"
+    assert m.destination("Item") == "pkg.items"
+    assert m.destination("stays") is None
+
+
+@pytest.mark.parametrize(
+    ("patch", "needle"),
+    [
+        ({"moved": {"f": {"kind": "method", "private": False}}}, "kind 'method'"),
+        ({"reexported": ["not_moved"]}, "not_moved"),
+        ({"import_origins": {"f": "x"}}, "both as moved and as import-only"),
+        ({"moved": {"f": {"kind": "function"}}}, "malformed"),
+        ({"moved": ["f"]}, "malformed"),
+    ],
+)
+def test_invalid_maps_raise_typed_errors(patch, needle):
+    base = {"old_module": "o", "new_module": "n", "moved": {"f": {"kind": "function", "private": False}}}
+    with pytest.raises(MoveMapError, match=needle) as info:
+        MoveMap.from_dict({**base, **patch})
+    assert isinstance(info.value, ValueError)
+
+
+def test_missing_required_key():
+    with pytest.raises(MoveMapError, match="new_module"):
+        MoveMap.from_dict({"old_module": "o", "moved": {}})
+
+
+def test_load_map_errors_name_the_file(tmp_path):
+    with pytest.raises(MoveMapError, match=r"nope\.json"):
+        load_map(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(MoveMapError, match=r"bad\.json is not valid JSON"):
+        load_map(bad)
+    arr = tmp_path / "arr.json"
+    arr.write_text("[]")
+    with pytest.raises(MoveMapError, match="expected a JSON object"):
+        load_map(arr)
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"old_module": "o", "new_module": "n", "moved": {}, "reexported": ["x"]}))
+    with pytest.raises(MoveMapError, match=r"wrong\.json: re-exported"):
+        load_map(wrong)
+
+
+def test_load_map_from_file_equals_its_content(tmp_path):
+    m = _random_map(random.Random(5))
+    path = tmp_path / "m.json"
+    path.write_text(m.to_json())
+    assert load_map(path) == m
+
+
+def test_shipped_map_is_canonical_and_generated():
+    """The packaged map is derive output (header names the command) in canonical form."""
+    from importlib import resources
+
+    m = load_map()
+    text = resources.files("mm_schedule.codemods").joinpath("maps", "sglang_mm_schedule.json").read_text("utf-8")
+    assert m.to_json() == text
+    assert m.header["command"].startswith("mm-schedule-codemod derive ")
+    assert {s["role"] for s in m.header["sources"]} == {"old", "new"}
+    assert all(len(s["sha256"]) == 64 for s in m.header["sources"])
+    assert m.old_module == "sglang.srt.managers.mm_utils"
+    assert m.new_module == "sglang.srt.managers.mm_schedule"
