@@ -79,16 +79,10 @@ def count_mm_tokens_in_extend(
 
 
 def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
-    """``[N, 1]`` bool: which ``input_ids`` are placeholders. Uses a sorted search rather
-    than ``torch.isin``, which can sync the host for large placeholder sets."""
-    import torch
+    """``[N, 1]`` bool: which ``input_ids`` are placeholders (no host sync)."""
+    from .kernels.embedding_merge import placeholder_mask as mask_1d
 
-    ids = placeholder_tensor.to(device=input_ids.device, dtype=input_ids.dtype).reshape(-1)
-    if ids.numel() == 0:
-        return torch.zeros((input_ids.numel(), 1), dtype=torch.bool, device=input_ids.device)
-    ids = ids.sort().values
-    pos = torch.searchsorted(ids, input_ids.reshape(-1)).clamp_(max=ids.numel() - 1)
-    return (ids[pos] == input_ids.reshape(-1)).unsqueeze(-1)
+    return mask_1d(input_ids.reshape(-1), placeholder_tensor).unsqueeze(-1)
 
 
 def get_embedding_and_mask(

@@ -219,3 +219,14 @@ def test_miss_features_are_moved_unless_the_encoder_moves_them():
     req2 = RequestChunk(items=[MMItem(hash=2, offsets=[(0, 1)], feature=feat2)], prefix=0, extend=2)
     embed_chunk([req2], fn, device=torch.device("cpu"))
     assert feat2.moved_to is None
+
+
+@pytest.mark.parametrize("n_ids", [0, 1, 3, 300])
+def test_placeholder_mask_matches_isin(n_ids):
+    g = torch.Generator().manual_seed(n_ids)
+    ids = torch.randint(1_000_000, 1_000_000 + 2 * max(n_ids, 1), (n_ids,), generator=g)
+    input_ids = torch.cat([ids, torch.randint(0, 1_000_000 + 3 * max(n_ids, 1), (500,), generator=g)])
+    input_ids = input_ids[torch.randperm(input_ids.numel(), generator=g)]
+    mask = mm_schedule.placeholder_mask(input_ids, ids)
+    assert mask.shape == (input_ids.numel(), 1)
+    assert torch.equal(mask[:, 0], torch.isin(input_ids, ids))
