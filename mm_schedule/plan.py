@@ -161,8 +161,6 @@ class _Planner:
         pieces = []  # (token position, source index, src_row, n_rows)
         for modality, items in groups.items():
             spans_per_item = spans_by_group[modality]
-            if not any(window_overlap(s, e, *window) for sp in spans_per_item for s, e in sp):
-                continue  # this chunk needs nothing from these items: encode nothing
             if self.precomputed or all(len(sp) == 1 for sp in spans_per_item):
                 for item, spans in zip(items, spans_per_item):
                     self._add_unit(pieces, index, modality, [item], [spans], window)
@@ -182,7 +180,7 @@ class _Planner:
         spans = [s for sp in spans_per_item for s in sp]
         overlaps = [window_overlap(s, e, *window) for s, e in spans]
         if not any(overlaps):
-            return
+            return  # this chunk needs nothing from these items: no lookup, no encode
         src = self._source(index, modality, items, spans_per_item)
         if self.plan.sources[src].status == MISS and src not in self.queued:
             self.queued.add(src)
