@@ -21,6 +21,9 @@ The fastest config per shape goes to ``<out>/<kernel>/<device>.json``; point
 
     mm-schedule-tune --out tuned --quick
     TRITON_INTERPRET=1 mm-schedule-tune --shapes bfloat16:64:16 --configs 'BLOCK_M=4,8;BLOCK_H=64;num_warps=1;num_stages=1'
+
+This module holds the tuning loop, the file writer and the command line; the shapes and
+search space are in ``tuner_space``, the per-kernel cases and the timers in ``tuner_timing``.
 """
 
 from __future__ import annotations
@@ -28,14 +31,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import itertools
 import json
-import math
 import os
 import shlex
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,42 +43,30 @@ from ..errors import KernelConfigError, KernelInputError
 from .backend import ENV_VAR as BACKEND_ENV
 from .backend import interpreter_enabled
 from .device_names import device_candidates, normalize_device_name
-from .launch_config import CONFIG_KEYS, KERNEL_NAMES, heuristic_config, validate_config
-from .tuning import CONFIG_DIR_ENV
+from .launch_config import KERNEL_NAMES, heuristic_config
 
-DTYPES = ("bfloat16", "float16", "float32")
-DEFAULT_DTYPES = ("bfloat16", "float16")
-# Language-model hidden sizes of common VLMs (SigLIP-sized Gemma up to 70B-class).
-DEFAULT_HIDDEN = (1152, 2048, 2560, 3584, 4096, 5120, 8192)
-# Rows per launch: one small image up to a long chunk of many images.
-DEFAULT_ROWS = (16, 64, 256, 1024, 4096, 16384)
-FULL_SPACE = {
-    "BLOCK_M": (1, 2, 4, 8, 16, 32),
-    "BLOCK_H": (128, 256, 512, 1024, 2048, 4096),
-    "num_warps": (2, 4, 8),
-    "num_stages": (1,),
-}
-QUICK_SPACE = {"BLOCK_M": (4, 16), "BLOCK_H": (512, 2048), "num_warps": (4, 8), "num_stages": (1,)}
-# Tile bytes per thread kept by the search-space pruning: at least one 16-byte vector,
-# at most what fits in registers without spilling on either vendor.
-MIN_BYTES_PER_THREAD, MAX_BYTES_PER_THREAD = 16, 256
-MAX_BUFFER_SETS = 64
-PLACEHOLDER_ID = 7
-TEXT_ROWS_BETWEEN_ITEMS = 16
+# Callers and tests reach Shape, grid, prune, the parsers, the spaces and CASES as
+# ``tuner.<name>``: keep them imported here.
+from .tuner_space import (
+    DEFAULT_DTYPES,
+    DEFAULT_HIDDEN,
+    DEFAULT_ROWS,
+    DTYPES,
+    FULL_SPACE,
+    QUICK_SPACE,
+    Shape,
+    grid,
+    parse_config_space,
+    parse_int_list,
+    parse_shapes,
+    prune,
+)
+from .tuner_timing import CASES, GraphTimer, WallTimer, buffer_sets
+from .tuning import CONFIG_DIR_ENV
 
 
 class TunerError(RuntimeError):
     """The tuner cannot run here (no GPU and no interpreter, or a kernel without a tuning case)."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    dtype: str
-    hidden: int
-    n_rows: int
-
-    def __str__(self) -> str:
-        return f"{self.dtype} H={self.hidden} rows={self.n_rows}"
 
 
 @dataclass
@@ -127,302 +114,6 @@ class TuningReport:
         ]
 
 
-# ---------------------------------------------------------------- cases: what one launch is
-
-
-class _Case:
-    """Buffers for one (kernel, shape) on a device: ``n_sets`` independent input/output
-    sets, a launcher per set and config, and a bit-exact check against the reference."""
-
-    def __init__(self, shape: Shape, device, n_sets: int, item_rows: int, seed: int):
-        import torch
-
-        self.shape = shape
-        self.device = device
-        self.dtype = getattr(torch, shape.dtype)
-        self.item_rows = item_rows
-        self.gen = torch.Generator(device=device).manual_seed(seed)
-        self.sets = [self.make_set() for _ in range(n_sets)]
-
-    def random(self, rows: int):
-        import torch
-
-        return torch.randn((rows, self.shape.hidden), generator=self.gen, device=self.device).to(
-            self.dtype
-        )
-
-    def item_sizes(self) -> list[int]:
-        full, rest = divmod(self.shape.n_rows, self.item_rows)
-        return [self.item_rows] * full + ([rest] if rest else [])
-
-    @staticmethod
-    def set_bytes(shape: Shape, itemsize: int) -> int:
-        return 2 * shape.n_rows * shape.hidden * itemsize
-
-    def make_set(self):
-        raise NotImplementedError
-
-    def launcher(self, buffers, config: dict) -> Callable[[], None]:
-        """Do all host-side planning now; the returned callable only launches."""
-        raise NotImplementedError
-
-    def check(self, config: dict) -> str | None:
-        """Run once into poisoned buffers; a message if any element differs from the reference."""
-        raise NotImplementedError
-
-
-def _same_bits(a, b) -> bool:
-    import torch
-
-    as_int = {2: torch.int16, 4: torch.int32}[a.element_size()]
-    return torch.equal(a.view(as_int), b.view(as_int))
-
-
-class _GatherCase(_Case):
-    """``segment_gather``: one source tensor per item (cache entries), packed destination."""
-
-    def make_set(self):
-        import torch
-
-        sources = [self.random(n) for n in self.item_sizes()]
-        segments, row = [], 0
-        for i, n in enumerate(self.item_sizes()):
-            segments.append((i, 0, n, row))
-            row += n
-        out = torch.empty(
-            (self.shape.n_rows, self.shape.hidden), dtype=self.dtype, device=self.device
-        )
-        return sources, segments, out
-
-    def launcher(self, buffers, config):
-        from .gather import plan_segments, run_segments
-
-        sources, segments, out = buffers
-        plan = plan_segments(sources, segments, out, config=config)
-        return lambda: run_segments(plan, out)
-
-    def check(self, config):
-        from .gather import gather_segments_ref
-
-        sources, segments, out = self.sets[0]
-        out.fill_(float("nan"))
-        expected = out.clone()
-        gather_segments_ref(sources, segments, expected)
-        self.launcher(self.sets[0], config)()
-        if not _same_bits(out, expected):
-            return "wrong result: the packed output differs from gather_segments_ref"
-        return None
-
-
-class _PlaceholderMergeCase(_Case):
-    """``embedding_merge``: ``merge_by_placeholder_ids`` over a token sequence of items
-    separated by runs of text tokens; ``n_rows`` counts all tokens, as the launcher does."""
-
-    def make_set(self):
-        import torch
-
-        ids = torch.randint(
-            PLACEHOLDER_ID + 1, 32000, (self.shape.n_rows,), generator=self.gen, device=self.device
-        )
-        pos = 0
-        while pos < self.shape.n_rows:
-            ids[pos : pos + self.item_rows] = PLACEHOLDER_ID
-            pos += self.item_rows + TEXT_ROWS_BETWEEN_ITEMS
-        n_mm = int((ids == PLACEHOLDER_ID).sum())
-        return ids, self.random(n_mm), self.random(self.shape.n_rows)
-
-    def launcher(self, buffers, config):
-        from .embedding_merge import merge_by_placeholder_ids
-
-        ids, embeddings, input_embeds = buffers
-        return lambda: merge_by_placeholder_ids(
-            ids, PLACEHOLDER_ID, embeddings, input_embeds, config=config
-        )
-
-    def check(self, config):
-        from .embedding_merge import merge_by_placeholder_ids_ref
-
-        ids, embeddings, input_embeds = self.sets[0]
-        input_embeds[ids == PLACEHOLDER_ID] = float("nan")
-        expected = input_embeds.clone()
-        merge_by_placeholder_ids_ref(ids, PLACEHOLDER_ID, embeddings, expected)
-        self.launcher(self.sets[0], config)()
-        if not _same_bits(input_embeds, expected):
-            return "wrong result: input_embeds differs from merge_by_placeholder_ids_ref"
-        return None
-
-
-CASES: dict[str, type[_Case]] = {
-    "segment_gather": _GatherCase,
-    "embedding_merge": _PlaceholderMergeCase,
-}
-
-
-# ---------------------------------------------------------------- timers
-
-
-class _GraphTimer:
-    method = "cuda-graph"
-
-    def __init__(self, device, reps: int, warmup: int, flush_bytes: int):
-        import torch
-
-        self.reps, self.warmup = reps, warmup
-        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
-
-    def describe(self, n_sets_note: str) -> str:
-        return (
-            f"CUDA-graph replay of one launch per buffer set ({n_sets_note}), {self.flush.numel() >> 20} MiB"
-            f" scratch overwritten before each replay; median of {self.reps} replays after {self.warmup}"
-        )
-
-    def __call__(self, launches: list[Callable[[], None]]) -> float:
-        import torch
-
-        for launch in launches:  # compile and touch outside the capture
-            launch()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for launch in launches:
-                launch()
-        events = []
-        for _ in range(self.warmup + self.reps):
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        times_ms = [s.elapsed_time(e) for s, e in events[self.warmup :]]
-        del graph
-        return statistics.median(times_ms) * 1000.0 / len(launches)
-
-
-class _WallTimer:
-    method = "wall-clock (interpreter)"
-
-    def __init__(self, reps: int, warmup: int):
-        self.reps, self.warmup = reps, warmup
-
-    def describe(self, n_sets_note: str) -> str:
-        return (
-            f"TRITON_INTERPRET=1 on CPU, wall clock per launch over {n_sets_note}; median of"
-            f" {self.reps} rounds. Not a GPU measurement"
-        )
-
-    def __call__(self, launches: list[Callable[[], None]]) -> float:
-        rounds = []
-        for i in range(self.warmup + self.reps):
-            start = time.perf_counter()
-            for launch in launches:
-                launch()
-            if i >= self.warmup:
-                rounds.append(time.perf_counter() - start)
-        return statistics.median(rounds) * 1e6 / len(launches)
-
-
-# ---------------------------------------------------------------- search space
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def grid(space: dict) -> list[dict]:
-    keys = list(CONFIG_KEYS)
-    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
-
-
-def prune(configs: list[dict], shape: Shape, itemsize: int, warp_size: int) -> list[dict]:
-    """Drop configs that cannot be good for ``shape``: tiles wider than the row or taller
-    than the launch, and tiles too small or too large per thread."""
-    kept = []
-    for cfg in configs:
-        per_thread = cfg["BLOCK_M"] * cfg["BLOCK_H"] * itemsize / (cfg["num_warps"] * warp_size)
-        if cfg["BLOCK_H"] > _next_pow2(shape.hidden) or cfg["BLOCK_M"] > _next_pow2(shape.n_rows):
-            continue
-        if MIN_BYTES_PER_THREAD <= per_thread <= MAX_BYTES_PER_THREAD:
-            kept.append(cfg)
-    return kept
-
-
-def parse_config_space(text: str) -> list[dict]:
-    """``'[{"BLOCK_M": 4, ...}, ...]'`` (JSON) or ``'BLOCK_M=4,8;BLOCK_H=64;num_warps=1;num_stages=1'`` (a grid)."""
-    text = text.strip()
-    if text.startswith("["):
-        try:
-            configs = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise KernelConfigError(f"--configs is not valid JSON: {exc}") from exc
-        if not isinstance(configs, list) or not all(isinstance(c, dict) for c in configs):
-            raise KernelConfigError("--configs JSON must be a list of config objects")
-    else:
-        space = {}
-        for part in filter(None, (p.strip() for p in text.split(";"))):
-            key, sep, values = part.partition("=")
-            if not sep or key.strip() not in CONFIG_KEYS:
-                raise KernelConfigError(
-                    f"--configs: {part!r} is not KEY=V1,V2 with KEY one of {list(CONFIG_KEYS)}"
-                )
-            try:
-                space[key.strip()] = tuple(int(v) for v in values.split(","))
-            except ValueError as exc:
-                raise KernelConfigError(
-                    f"--configs: {part!r} has a value that is not an integer"
-                ) from exc
-        missing = [k for k in CONFIG_KEYS if k not in space]
-        if missing:
-            raise KernelConfigError(f"--configs grid lacks {missing}")
-        configs = grid(space)
-    if not configs:
-        raise KernelConfigError("--configs is empty")
-    try:
-        return [validate_config(c) for c in configs]
-    except KernelInputError as exc:
-        raise KernelConfigError(f"--configs: {exc}") from exc
-
-
-def parse_shapes(text: str) -> list[Shape]:
-    """``'bfloat16:4096:1024,float16:64:16'`` -> shapes."""
-    shapes = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        fields = part.split(":")
-        if (
-            len(fields) != 3
-            or fields[0] not in DTYPES
-            or not (fields[1].isdigit() and fields[2].isdigit())
-        ):
-            raise KernelConfigError(
-                f"--shapes: {part!r} is not DTYPE:HIDDEN:ROWS with DTYPE one of {DTYPES}"
-            )
-        hidden, rows = int(fields[1]), int(fields[2])
-        if hidden <= 0 or rows <= 0:
-            raise KernelConfigError(
-                f"--shapes: {part!r} needs a positive hidden size and row count"
-            )
-        shapes.append(Shape(fields[0], hidden, rows))
-    if not shapes:
-        raise KernelConfigError("--shapes is empty")
-    return shapes
-
-
-def _int_list(text: str, what: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError as exc:
-        raise KernelConfigError(
-            f"{what}: {text!r} is not a comma-separated list of integers"
-        ) from exc
-    if not values or min(values) <= 0:
-        raise KernelConfigError(f"{what}: needs positive integers, got {text!r}")
-    return values
-
-
-# ---------------------------------------------------------------- the run
-
-
 @contextlib.contextmanager
 def _forced_triton_backend():
     """The tuner times the Triton kernels, whatever the caller's backend choice."""
@@ -459,18 +150,6 @@ def _warp_size(device) -> int:
     return 32
 
 
-def _buffer_sets(shape: Shape, itemsize: int, device, cold_bytes: int) -> int:
-    """Enough sets that together they exceed ``cold_bytes`` (capped by memory and count)."""
-    import torch
-
-    per_set = _Case.set_bytes(shape, itemsize)
-    wanted = max(2, math.ceil(cold_bytes / per_set))
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        wanted = min(wanted, max(1, free // 4 // per_set))
-    return max(1, min(wanted, MAX_BUFFER_SETS))
-
-
 def tune(
     kernels: list[str],
     shapes: list[Shape],
@@ -501,10 +180,10 @@ def tune(
     if on_gpu:
         props = torch.cuda.get_device_properties(device)
         cold_bytes = 2 * int(getattr(props, "L2_cache_size", 0) or 64 << 20)
-        timer = _GraphTimer(device, reps or 20, 3 if warmup is None else warmup, flush_mib << 20)
+        timer = GraphTimer(device, reps or 20, 3 if warmup is None else warmup, flush_mib << 20)
     else:
         cold_bytes = 0
-        timer = _WallTimer(reps or 2, 0 if warmup is None else warmup)
+        timer = WallTimer(reps or 2, 0 if warmup is None else warmup)
     warp_size = _warp_size(device)
     results = []
     with _forced_triton_backend():
@@ -538,7 +217,7 @@ def _tune_shape(
         space = grid(QUICK_SPACE if quick else FULL_SPACE)
         configs = prune(space, shape, itemsize, warp_size)
     candidates = [heuristic] + [c for c in configs if c != heuristic]
-    n_sets = _buffer_sets(shape, itemsize, device, cold_bytes)
+    n_sets = buffer_sets(shape, itemsize, device, cold_bytes)
     case = CASES[kernel](shape, device, n_sets, item_rows, seed=hash((kernel, shape)) & 0xFFFF)
     result = ShapeResult(kernel=kernel, shape=shape, heuristic=heuristic)
     for config in candidates:
@@ -634,9 +313,6 @@ def _dump(obj, indent: int = 0) -> str:
     return "{\n" + body + "\n" + "  " * indent + "}"
 
 
-# ---------------------------------------------------------------- command line
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="mm-schedule-tune",
@@ -715,7 +391,7 @@ def run(argv: list[str] | None = None) -> TuningReport:
         bad = [d for d in dtypes if d not in DTYPES]
         if bad or not dtypes:
             raise KernelConfigError(f"--dtypes: {bad or dtypes} not among {DTYPES}")
-        hidden, rows = _int_list(args.hidden, "--hidden"), _int_list(args.rows, "--rows")
+        hidden, rows = parse_int_list(args.hidden, "--hidden"), parse_int_list(args.rows, "--rows")
         shapes = [Shape(d, h, r) for d in dtypes for h in hidden for r in rows]
     if args.item_rows <= 0 or (args.reps is not None and args.reps <= 0) or args.flush_mib < 0:
         raise KernelConfigError("--item-rows and --reps must be positive, --flush-mib not negative")

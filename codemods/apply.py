@@ -1,0 +1,87 @@
+"""Step three of a file's migration: carry out the planned edits in one transform.
+
+Only the nodes the plan names are swapped (``FileState.expr`` for expressions, the
+statement tables for imports); everything else is returned as libcst built it, so bytes
+outside the edited lines stay as they were. A statement that became several is split
+into one line each, or joined with semicolons where the original shared a line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import libcst as cst
+
+from .state import FileState
+
+# A tool directive ending an import line (noqa, type: ignore, isort...) is repeated on
+# the lines split off from it, so it keeps covering every one of them.
+_PRAGMA = re.compile(r"#\s*(noqa|type:\s*ignore|pragma|pyright:|mypy:|isort:)")
+
+
+class Apply(cst.CSTTransformer):
+    def __init__(self, engine: FileState) -> None:
+        super().__init__()
+        self.e = engine
+
+    def _replacement(self, small: cst.CSTNode) -> list[cst.BaseSmallStatement] | None:
+        e = self.e
+        if not any(small in d for d in (e.current, e.after, e.after_bindings, e.deleted)):
+            return None
+        head = [] if small in e.deleted else [e.current.get(small, small)]
+        return head + e.after.get(small, []) + e.after_bindings.get(small, [])
+
+    def on_leave(self, original, updated):
+        if original in self.e.expr:
+            return self.e.expr[original]
+        if isinstance(original, cst.SimpleStatementLine):
+            return self._line(original, updated)
+        if isinstance(original, cst.SimpleStatementSuite):
+            flat = self._flatten(original, updated)
+            return updated if flat is None else updated.with_changes(body=_joined(flat, updated.body))
+        return updated
+
+    def _flatten(self, original, updated):
+        flat: list[cst.BaseSmallStatement] = []
+        touched = False
+        for before, after in zip(original.body, updated.body):
+            replacement = self._replacement(before)
+            if replacement is None:
+                flat.append(after)
+            else:
+                touched = True
+                flat.extend(replacement)
+        return flat if touched else None
+
+    def _line(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        flat = self._flatten(original, updated)
+        if flat is None:
+            return updated
+        if not flat:
+            return cst.RemovalSentinel.REMOVE
+        if len(original.body) > 1:
+            return updated.with_changes(body=_joined(flat, updated.body))
+        trailing = updated.trailing_whitespace
+        extra = cst.TrailingWhitespace()
+        if trailing.comment is not None and _PRAGMA.match(trailing.comment.value):
+            extra = trailing
+        lines = [updated.with_changes(body=[flat[0]])]
+        for small in flat[1:]:
+            lines.append(cst.SimpleStatementLine(body=[small], trailing_whitespace=extra))
+        return cst.FlattenSentinel(lines) if len(lines) > 1 else lines[0]
+
+
+def _joined(flat: list[cst.BaseSmallStatement], original: Sequence[cst.BaseSmallStatement]):
+    """Small statements on one line, separated by semicolons; the last keeps the
+    original last statement's (usually absent) semicolon."""
+    out = []
+    separator = cst.Semicolon(whitespace_after=cst.SimpleWhitespace(" "))
+    for i, small in enumerate(flat):
+        if i < len(flat) - 1:
+            if not isinstance(small.semicolon, cst.Semicolon):
+                small = small.with_changes(semicolon=separator)
+        else:
+            small = small.with_changes(semicolon=original[-1].semicolon)
+        out.append(small)
+    return out

@@ -1,0 +1,323 @@
+"""Step one of a file's migration: one read-only visit that gathers the facts to plan from.
+
+Planning needs to know, for every import statement, *where* it sits (the statement list
+that owns it, its position there, any try/except around it) so that edits can merge
+into an earlier import of the same block or leave a compatibility shim alone. It also
+needs every attribute access whose attribute name left the old module, every call that
+may name an attribute dynamically (``mock.patch``, ``setattr``, ``import_module``...),
+every string literal, the module-level ``__all__`` entries and every name in use (so
+that an added binding never shadows one). Gathering all of it in one pass keeps the
+per-file cost to a single tree walk; nothing here decides an edit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from .imports import alias_binding
+from .resolve import absolute_module, dotted_name
+
+# An ``except`` of one of these can catch a failed import, so its body may hold the
+# fallback half of a compatibility shim.
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+@dataclass(eq=False)
+class ImportSite:
+    """One import statement and where it sits."""
+
+    node: cst.Import | cst.ImportFrom
+    line: cst.SimpleStatementLine | cst.SimpleStatementSuite
+    block: cst.CSTNode  # owner of the statement list (Module, IndentedBlock or suite)
+    index: int  # position of ``line`` in ``block``
+    module: str | None  # absolute module of a from-import
+    try_ctx: tuple[cst.CSTNode, str] | None  # (Try node, "body" | "handler" | "other")
+
+
+@dataclass(eq=False)
+class CallSite:
+    """A call that may reach an old-module name through its arguments; ``kind`` says
+    which argument holds what (see ``Collector.visit_Call``)."""
+
+    kind: str
+    node: cst.Call
+
+
+@dataclass(eq=False)
+class Collected:
+    """Everything one visit found in a file."""
+
+    sites: list[ImportSite] = field(default_factory=list)
+    names_seen: set[str] = field(default_factory=set)
+    attr_words: set[str] = field(default_factory=set)  # every attribute name used
+    attributes: list[cst.Attribute] = field(default_factory=list)  # ``x.name``, name of interest
+    stores: set[cst.CSTNode] = field(default_factory=set)  # attributes assigned or deleted
+    all_names: set[str] = field(default_factory=set)  # module-level ``__all__`` entries
+    docstrings: set[cst.CSTNode] = field(default_factory=set)
+    strings: list[cst.SimpleString] = field(default_factory=list)
+    calls: list[CallSite] = field(default_factory=list)
+
+
+def collect(module: cst.Module, package: str | None, interesting: frozenset[str]) -> Collected:
+    """Walk ``module`` once; relative imports resolve against ``package``, and only
+    attributes named in ``interesting`` are kept."""
+    collector = Collector(package, interesting)
+    module.visit(collector)
+    return collector.found
+
+
+class Collector(cst.CSTVisitor):
+    """Fills ``found``; the stacks below track which statement list, position and
+    try/except the import being visited sits in."""
+
+    def __init__(self, package: str | None, interesting: frozenset[str]) -> None:
+        super().__init__()
+        self.package = package
+        self.interesting = interesting
+        self.found = Collected()
+        self._blocks: list[list] = []  # [owner, next index]
+        self._line: cst.CSTNode | None = None
+        self._line_index = 0
+        self._tries: list[tuple[cst.CSTNode, str]] = []
+        self._try_tails: dict[cst.CSTNode, cst.CSTNode] = {}
+        self._depth = 0  # function/class nesting; __all__ counts only at module level
+
+    # statement containers -------------------------------------------------------
+    def _enter_block(self, node: cst.CSTNode) -> None:
+        self._blocks.append([node, 0])
+
+    def visit_Module(self, node: cst.Module) -> None:
+        self._enter_block(node)
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._enter_block(node)
+
+    def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._blocks.pop()
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._line, self._line_index = node, 0
+
+    def leave_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        self._line = None
+
+    def _count_statement(self) -> int:
+        if not self._blocks:
+            return 0
+        top = self._blocks[-1]
+        top[1] += 1
+        return top[1] - 1
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._line_index = self._count_statement()
+        self._line = node
+
+    def leave_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self._line = None
+
+    def visit_If(self, node: cst.If) -> None:
+        self._count_statement()
+
+    def _compound(self, node: cst.CSTNode) -> None:
+        self._count_statement()
+
+    visit_For = visit_While = visit_With = visit_Match = _compound
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._count_statement()
+        self._depth += 1
+
+    def leave_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._depth -= 1
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._count_statement()
+        self._depth += 1
+
+    def leave_ClassDef(self, node: cst.ClassDef) -> None:
+        self._depth -= 1
+
+    # try / except ---------------------------------------------------------------
+    def visit_Try(self, node: cst.Try) -> None:
+        self._count_statement()
+        self._tries.append((node, "body"))
+        for tail in (node.orelse, node.finalbody):
+            if tail is not None:
+                self._try_tails[tail] = node
+
+    def leave_Try(self, node: cst.Try) -> None:
+        self._tries.pop()
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._tries.append((self._tries[-1][0], "handler" if _catches_import_error(node) else "other"))
+
+    def leave_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        self._tries.pop()
+
+    def visit_Else(self, node: cst.Else) -> None:
+        if node in self._try_tails:
+            self._tries.append((self._try_tails[node], "other"))
+
+    def leave_Else(self, node: cst.Else) -> None:
+        if node in self._try_tails:
+            self._tries.pop()
+
+    def visit_Finally(self, node: cst.Finally) -> None:
+        self._tries.append((self._try_tails.get(node, node), "other"))
+
+    def leave_Finally(self, node: cst.Finally) -> None:
+        self._tries.pop()
+
+    # imports --------------------------------------------------------------------
+    def _site(self, node: cst.Import | cst.ImportFrom, module: str | None) -> None:
+        block = self._blocks[-1][0] if self._line is not None and not isinstance(
+            self._line, cst.SimpleStatementSuite
+        ) else self._line
+        site = ImportSite(
+            node=node,
+            line=self._line,
+            block=block,
+            index=self._line_index,
+            module=module,
+            try_ctx=self._tries[-1] if self._tries else None,
+        )
+        self.found.sites.append(site)
+        for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
+            bound = alias_binding(alias)
+            if bound:
+                self.found.names_seen.add(bound)
+
+    def visit_ImportFrom(self, node: cst.ImportFrom) -> bool:
+        module = absolute_module(
+            self.package, len(node.relative), dotted_name(node.module) if node.module else None
+        )
+        self._site(node, module)
+        return False
+
+    def visit_Import(self, node: cst.Import) -> bool:
+        self._site(node, None)
+        for alias in node.names:
+            name = dotted_name(alias.name)
+            if name:
+                self.found.names_seen.add(name.split(".")[0])
+        return False
+
+    # uses -----------------------------------------------------------------------
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found.names_seen.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.found.attr_words.add(node.attr.value)
+        if node.attr.value in self.interesting:
+            self.found.attributes.append(node)
+
+    def _stores(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Attribute):
+            self.found.stores.add(target)
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._stores(element.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._stores(target.target)
+            if self._depth == 0 and _is_name(target.target, "__all__"):
+                self._all_entries(node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._stores(node.target)
+        if self._depth == 0 and _is_name(node.target, "__all__"):
+            self._all_entries(node.value)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._stores(node.target)
+        if self._depth == 0 and _is_name(node.target, "__all__") and node.value is not None:
+            self._all_entries(node.value)
+
+    def visit_Del(self, node: cst.Del) -> None:
+        self._stores(node.target)
+
+    def _all_entries(self, value: cst.BaseExpression) -> None:
+        if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
+            for element in value.elements:
+                text = literal(element.value)
+                if text is not None:
+                    self.found.all_names.add(text)
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        if isinstance(node.value, (cst.SimpleString, cst.ConcatenatedString)):
+            self.found.docstrings.add(node.value)
+            if isinstance(node.value, cst.ConcatenatedString):
+                self.found.docstrings.update(_parts(node.value))
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        self.found.strings.append(node)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = dotted_name(node.func) or ""
+        last = name.rsplit(".", 1)[-1]
+        kind = None
+        if name in ("setattr", "delattr"):
+            kind = "setattr"
+        elif name in ("getattr", "hasattr"):
+            kind = "getattr"
+        elif last in ("import_module", "__import__"):
+            kind = "import"
+        elif last == "patch":
+            kind = "patch"
+        elif name.endswith("patch.object"):
+            kind = "object"
+        elif name.endswith("patch.multiple"):
+            kind = "multiple"
+        elif last in ("setattr", "delattr"):
+            kind = "monkeypatch"
+        elif self._depth == 0 and name in ("__all__.extend", "__all__.append") and node.args:
+            value = node.args[0].value
+            text = literal(value)
+            if text is not None:
+                self.found.all_names.add(text)
+            else:
+                self._all_entries(value)
+        if kind:
+            self.found.calls.append(CallSite(kind, node))
+
+
+def literal(node: cst.CSTNode) -> str | None:
+    """The text of a plain string literal (no bytes, no f-string), else None."""
+    if not isinstance(node, cst.SimpleString):
+        return None
+    if "b" in node.prefix.lower():
+        return None
+    try:
+        value = node.evaluated_value
+    except Exception:  # pragma: no cover - libcst validated the literal already
+        return None
+    return value if isinstance(value, str) else None
+
+
+def _is_name(node: cst.CSTNode, value: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == value
+
+
+def _parts(node: cst.ConcatenatedString) -> list[cst.CSTNode]:
+    out: list[cst.CSTNode] = []
+    for side in (node.left, node.right):
+        if isinstance(side, cst.ConcatenatedString):
+            out.extend(_parts(side))
+        else:
+            out.append(side)
+    return out
+
+
+def _catches_import_error(handler: cst.ExceptHandler) -> bool:
+    if handler.type is None:
+        return True
+    kinds = handler.type.elements if isinstance(handler.type, cst.Tuple) else [handler.type]
+    for kind in kinds:
+        expr = kind.value if isinstance(kind, cst.Element) else kind
+        name = dotted_name(expr) or ""
+        if name.rsplit(".", 1)[-1] in _IMPORT_ERRORS:
+            return True
+    return False
