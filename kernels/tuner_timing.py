@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 from .tuner_space import Shape
@@ -27,7 +28,7 @@ PLACEHOLDER_ID = 7
 TEXT_ROWS_BETWEEN_ITEMS = 16
 
 
-class Case:
+class Case(ABC):
     """Buffers for one (kernel, shape) on a device: ``n_sets`` independent input/output
     sets, a launcher per set and config, and a bit-exact check against the reference."""
 
@@ -57,16 +58,17 @@ class Case:
         """Bytes one set moves: ``n_rows`` rows read and as many written."""
         return 2 * shape.n_rows * shape.hidden * itemsize
 
+    @abstractmethod
     def make_set(self):
-        raise NotImplementedError
+        """One set of input and output buffers for this kernel and shape."""
 
+    @abstractmethod
     def launcher(self, buffers, config: dict) -> Callable[[], None]:
         """Do all host-side planning now; the returned callable only launches."""
-        raise NotImplementedError
 
+    @abstractmethod
     def check(self, config: dict) -> str | None:
         """Run once into poisoned buffers; a message if any element differs from the reference."""
-        raise NotImplementedError
 
 
 def _same_bits(a, b) -> bool:
