@@ -7,35 +7,20 @@ scheduler's planner has already proved everything those checks look for, so it c
 the scheduler should call it: a wrong table here writes wrong rows or crashes.
 
 Which implementation runs is decided once per process from ``MM_SCHEDULE_KERNEL_BACKEND``
-and ``TRITON_INTERPRET`` (read at the first call, not on every step); call
+and ``TRITON_INTERPRET`` (``backend.py``: read at the first call, not on every step); call
 ``forget_backend_choice`` after changing either at runtime.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
-from .backend import interpreter_enabled, requested_backend, triton_available
-
-
-@functools.cache
-def _backend_choice() -> tuple[str, bool]:
-    return requested_backend(), interpreter_enabled()
+from .backend import refresh_backend, uses_triton
 
 
 def forget_backend_choice() -> None:
     """Make the next ``copy_segments`` read the backend environment variables again."""
-    _backend_choice.cache_clear()
-
-
-def _runs_triton(device) -> bool:
-    requested, interpreted = _backend_choice()
-    if requested == "torch":
-        return False
-    if requested == "auto":
-        return device.type != "cpu" and not interpreted and triton_available()
-    return True  # forced: the launcher itself says when it cannot run on this device
+    refresh_backend()
 
 
 def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
@@ -52,11 +37,11 @@ def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], 
     """
     if not segments:
         return dst
-    if _runs_triton(dst.device):
-        from .merge import merge_segments
+    if uses_triton(dst.device):
+        from .gather import launch_trusted
 
-        # Checked public launcher until a trusted Triton launcher takes the table as is.
-        return merge_segments(sources, segments, dst)
+        launch_trusted(sources, segments, dst)
+        return dst
     return _copy_with_torch(sources, segments, dst)
 
 
