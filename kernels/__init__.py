@@ -26,8 +26,12 @@ __all__ = ["Segment", "check_segments", "total_rows", *_LAZY]
 
 
 def __getattr__(name):
+    """Load the op module on first access and keep the attribute, so later lookups are
+    plain module-global reads that never come back here."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
