@@ -29,11 +29,10 @@ from pathlib import Path
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled launch path is what is measured
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime import driver  # noqa: E402
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
 
 HIDDEN = 4096
 ROWS_PER_IMAGE = 256
@@ -164,19 +163,29 @@ def main(argv=None) -> int:
     for n in (1, 8, 64):
         sources, segments, dest = images(n)
         target = TARGET_ONE if n == 1 else TARGET_MANY if n == 64 else None
-        case(f"trusted.copy_segments, {n} image(s)", lambda: trusted.copy_segments(sources, segments, dest), target)
+        case(
+            f"trusted.copy_segments, {n} image(s)",
+            lambda s=sources, g=segments, d=dest: trusted.copy_segments(s, g, d),
+            target,
+        )
     for n in (1, 64):
         sources, segments, dest = images(n)
-        case(f"merge_segments (checked), {n} image(s)", lambda: merge.merge_segments(sources, segments, dest))
+        case(
+            f"merge_segments (checked), {n} image(s)",
+            lambda s=sources, g=segments, d=dest: merge.merge_segments(s, g, d),
+        )
         packed = torch.empty(n * ROWS_PER_IMAGE, HIDDEN, dtype=torch.bfloat16)
         packed_segments = [(i, 0, ROWS_PER_IMAGE, i * ROWS_PER_IMAGE) for i in range(n)]
         case(
             f"gather_segments (checked), {n} image(s)",
-            lambda: gather.gather_segments(sources, packed_segments, out=packed),
+            lambda s=sources, g=packed_segments, d=packed: gather.gather_segments(s, g, out=d),
         )
-        case(f"plan_segments, {n} image(s)", lambda: gather.plan_segments(sources, segments, dest))
+        case(
+            f"plan_segments, {n} image(s)",
+            lambda s=sources, g=segments, d=dest: gather.plan_segments(s, g, d),
+        )
         plan = gather.plan_segments(sources, segments, dest)
-        case(f"run_segments, {n} image(s)", lambda: gather.run_segments(plan, dest))
+        case(f"run_segments, {n} image(s)", lambda p=plan, d=dest: gather.run_segments(p, d))
     case("GPU table staging stand-in, 64 segments (CPU tensors)", staging_stand_in(64))
 
     lines = [

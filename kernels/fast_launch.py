@@ -22,7 +22,7 @@ import functools
 
 
 class LaunchSpec:
-    __slots__ = ("jit_fn", "constexprs", "options", "handles")
+    __slots__ = ("constexprs", "handles", "jit_fn", "options")
 
     def __init__(self, jit_fn, constexprs: dict, options: dict):
         self.jit_fn = jit_fn
