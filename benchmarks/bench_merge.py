@@ -41,6 +41,7 @@ script writes for the timing, memory and sync-counting method.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -57,6 +58,8 @@ import _merge_peers as peers
 from _merge_checks import DTYPES, graph_replay_check, sweep
 from _merge_report import RunReport
 
+from mm_schedule.kernels.tools.timing import GpuTimer, cold_cache_bytes
+
 try:
     import triton
 except ImportError:  # the torch paths and the CPU smoke run need no Triton
@@ -71,6 +74,7 @@ if triton is not None:
 
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+GIB = 1 << 30
 # Qwen2-VL's image pad id; the ids path must not care whether it is inside the vocabulary.
 PLACEHOLDER_ID = 151655
 TEXT_VOCAB = 32000
@@ -255,7 +259,7 @@ def rotation_sets(case: Case, device: torch.device, memory_cap: int) -> int:
     """Enough copies of the inputs that consecutive calls never find theirs in the cache."""
     if not C.is_gpu(device):
         return 2
-    want = math.ceil(3 * C.cold_cache_bytes(device) / set_bytes(case))
+    want = math.ceil(3 * cold_cache_bytes(device) / set_bytes(case))
     return max(2, min(want, 64, memory_cap // set_bytes(case)))
 
 
@@ -395,7 +399,7 @@ class Settings:
     repeats: int
     wall_calls: int
     graph_replays: int
-    timer: C.GpuTimer | None
+    timer: GpuTimer | None
 
 
 def poison_and_expect(p: Problem, b: Buffers, op: str) -> torch.Tensor:
@@ -430,7 +434,7 @@ def measure(p: Problem, spec: PathSpec, s: Settings) -> dict:
     record["transient_bytes"] = C.transient_bytes(lambda: run(0), s.device, preexisting)
     record["wall_us"] = C.wall_us_per_call(run, s.wall_calls, s.device)
     if s.timer is not None:
-        times = s.timer.times_us(run, s.repeats, host_us=record["wall_us"])
+        times = s.timer.event_times_us(run, s.repeats, host_us=record["wall_us"])
     else:
         times = C.cpu_times_us(run, s.repeats)
     record["time_us"] = C.median(times)
@@ -440,7 +444,8 @@ def measure(p: Problem, spec: PathSpec, s: Settings) -> dict:
             record["graph"] = "it syncs the host"
         else:
             try:
-                record["graph_us"] = C.graph_us_per_call(run, len(calls), s.graph_replays, s.device)
+                launches = [functools.partial(run, i) for i in range(len(calls))]
+                record["graph_us"] = s.timer.graph_us(launches, s.graph_replays)
             except Exception as exc:
                 record["graph"] = f"capture failed: {type(exc).__name__}: {str(exc)[:120]}"
                 torch.cuda.synchronize(s.device)
@@ -465,7 +470,7 @@ def measure_case(case: Case, index: int, paths: list[PathSpec], s: Settings, arg
 # -- launch floor -----------------------------------------------------------------------
 
 
-def empty_launch(device: torch.device, timer: C.GpuTimer | None) -> dict | None:
+def empty_launch(device: torch.device, timer: GpuTimer | None) -> dict | None:
     """Host wall and device time of launching a Triton kernel that does nothing."""
     if timer is None or triton is None:
         return None
@@ -473,7 +478,7 @@ def empty_launch(device: torch.device, timer: C.GpuTimer | None) -> dict | None:
     for _ in range(20):
         do_nothing[(1,)](anchor)
     wall = C.wall_us_per_call(lambda i: do_nothing[(1,)](anchor), 2000, device)
-    device_us = C.median(timer.times_us(lambda i: do_nothing[(1,)](anchor), 50, host_us=wall))
+    device_us = C.median(timer.event_times_us(lambda i: do_nothing[(1,)](anchor), 50, host_us=wall))
     return {"wall_us": wall, "device_us": device_us}
 
 
@@ -529,8 +534,8 @@ def main(argv=None) -> int:
         report.notes.append("no GPU visible: ran the CPU smoke configuration")
 
     settings = Settings(device=device, repeats=args.repeats or (40 if gpu else 5), wall_calls=30 if gpu else 1,
-                        graph_replays=5, timer=C.GpuTimer(device) if gpu else None)
-    report.copy_gbps = C.copy_bandwidth_gbps(device) if gpu else None
+                        graph_replays=5, timer=GpuTimer(device) if gpu else None)
+    report.copy_gbps = 2 * GIB / settings.timer.copy_us(GIB) / 1e3 if gpu else None
     report.empty_launch = empty_launch(device, settings.timer)
     report.sync_selftest = sync_counter_selftest(device)
 

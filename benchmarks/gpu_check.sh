@@ -131,10 +131,10 @@ EOF
   fi
 
   local tuned="$WORK/tuned"
-  if "$PY" -c 'import mm_schedule.kernels.tuner' >/dev/null 2>&1; then
+  if "$PY" -c 'import mm_schedule.kernels.tools.tune' >/dev/null 2>&1; then
     # The benchmark's bf16 hidden sizes at two row buckets, the quick search space (the
     # fp16/fp32 cases keep the shipped configs or the heuristic).
-    if step "tuner" 60 170 "$PY" -m mm_schedule.kernels.tuner --quick --out "$tuned" \
+    if step "tuner" 60 170 "$PY" -m mm_schedule.kernels.tools.tune --quick --out "$tuned" \
          --kernels segment_gather --dtypes bfloat16 --hidden 1152,2048,3584,4096,8192 \
          --rows 1024,16384 --reps 10 --timings "$WORK/tuner_timings.json"; then
       export MM_SCHEDULE_KERNEL_CONFIG_DIR="$tuned"
@@ -143,7 +143,7 @@ EOF
       echo "   the benchmark runs with the shipped configs / heuristic instead"
     fi
   else
-    echo "== tuner: mm_schedule.kernels.tuner not importable; skipped"
+    echo "== tuner: mm_schedule.kernels.tools.tune not importable; skipped"
   fi
 
   # The benchmark writes its files after every case, so a cut-short run keeps what it measured.

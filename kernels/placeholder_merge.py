@@ -39,12 +39,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import EmbeddingLengthMismatch, KernelInputError
-from ._triton import HAS_TRITON, cast_to, tl, triton, vector_width
+from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
-from .gather import SUPPORTED_DTYPES
+from .dtypes import SUPPORTED_DTYPES, vector_width
 from .launch_config import resolve_config, unaligned_config
 
-KERNEL_NAME = "embedding_merge"
+KERNEL_NAME = "placeholder_merge"
 
 if HAS_TRITON:
 
