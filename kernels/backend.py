@@ -13,12 +13,16 @@
 The interpreter dereferences the raw addresses stored in our pointer tables on the host,
 so it can only ever run on CPU tensors; GPU tensors under ``TRITON_INTERPRET=1`` fall back
 to torch in ``auto`` mode and are refused in ``triton`` mode.
+
+Both variables are read once, at the first launch, not on every call: the choice sits on
+the hot path. ``refresh_backend()`` reads them again (after changing them at run time);
+``set_backend(name)`` overrides the variable for this process (``None`` returns to it).
 """
 
 from __future__ import annotations
 
-import functools
 import os
+from typing import NamedTuple
 
 from ..errors import KernelInputError
 
@@ -26,8 +30,19 @@ ENV_VAR = "MM_SCHEDULE_KERNEL_BACKEND"
 CHOICES = ("auto", "triton", "torch")
 
 
+class Choice(NamedTuple):
+    requested: str
+    interpreted: bool
+    has_triton: bool
+
+
+_choice: Choice | None = None
+_override: str | None = None
+
+
 def requested_backend() -> str:
-    value = os.environ.get(ENV_VAR, "auto").strip().lower() or "auto"
+    value = _override or os.environ.get(ENV_VAR, "auto")
+    value = value.strip().lower() or "auto"
     if value not in CHOICES:
         raise KernelInputError(f"{ENV_VAR}={value!r} is not one of {', '.join(CHOICES)}")
     return value
@@ -37,7 +52,6 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off")
 
 
-@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -46,26 +60,57 @@ def triton_available() -> bool:
     return True
 
 
+def refresh_backend() -> Choice:
+    """Read the environment again; the next launch uses the new choice."""
+    global _choice
+    _choice = Choice(requested_backend(), interpreter_enabled(), triton_available())
+    return _choice
+
+
+def set_backend(name: str | None) -> None:
+    """Force ``auto``/``triton``/``torch`` for this process, or ``None`` to follow ``ENV_VAR``."""
+    global _override
+    if name is not None and name.strip().lower() not in CHOICES:
+        raise KernelInputError(f"backend {name!r} is not one of {', '.join(CHOICES)}")
+    _override = name
+    refresh_backend()
+
+
+def current_choice() -> Choice:
+    return _choice or refresh_backend()
+
+
+def uses_triton(device) -> bool:
+    """True when a launch for ``device`` should run the Triton kernel (no checks; see
+    ``select_backend`` for the checked form the public API uses)."""
+    requested, interpreted, has_triton = _choice or refresh_backend()
+    if requested == "torch":
+        return False
+    if requested == "auto":
+        return device.type != "cpu" and not interpreted and has_triton
+    return True
+
+
 def select_backend(device) -> str:
     """Return ``"triton"`` or ``"torch"`` for tensors on ``device``; raise if forced
     Triton cannot run there."""
-    requested = requested_backend()
+    requested, interpreted, has_triton = _choice or refresh_backend()
     if requested == "torch":
         return "torch"
     on_cpu = device.type == "cpu"
     if requested == "auto":
-        if on_cpu or interpreter_enabled() or not triton_available():
+        if on_cpu or interpreted or not has_triton:
             return "torch"
         return "triton"
-    if not triton_available():
+    if not has_triton:
         raise KernelInputError(
             f"{ENV_VAR}=triton but triton is not installed; install triton or unset {ENV_VAR}"
         )
-    if on_cpu and not interpreter_enabled():
+    if on_cpu and not interpreted:
         raise KernelInputError(
             f"{ENV_VAR}=triton with CPU tensors needs TRITON_INTERPRET=1 set before triton is imported"
         )
-    if not on_cpu and interpreter_enabled():
+    if not on_cpu and interpreted:
         raise KernelInputError(
             f"{ENV_VAR}=triton with TRITON_INTERPRET=1 only works for CPU tensors (the interpreter reads "
             f"table addresses on the host); tensors are on {device}"

@@ -10,66 +10,278 @@ Equivalent PyTorch::
     for source, src_row, n_rows, dst_row in segments:
         dest[dst_row : dst_row + n_rows] = sources[source][src_row : src_row + n_rows].to(dest.dtype)
 
-How the kernel gets its rows: the host cuts every segment into tiles of at most
-``BLOCK_M`` rows (``table.py``) and stores, per tile, the raw address of its first source
-row. One program copies one tile, ``BLOCK_H`` columns per step. Loads through an address
-read from memory are scalar unless the cast pointer carries ``tl.multiple_of``; the host
-proves 16-byte alignment (every source, the destination, and ``H * itemsize``) and then
-picks the ``ALIGNED`` specialisation, which promises exactly that and gets 16-byte vector
-loads and stores. Anything else runs the unhinted variant: correct, just narrower.
+How the kernel gets its rows: the table (``table.py``) holds the segments as given and
+the address of every source; program ``t`` finds the segment holding its tile of at most
+``BLOCK_M`` rows and copies it ``BLOCK_H`` columns per step. A single segment needs no
+table at all: its address and rows travel as launch arguments (``ONE_SEGMENT``).
+
+Loads through an address read from memory are scalar unless the cast pointer carries
+``tl.multiple_of``; the host proves 16-byte alignment (every source, the destination,
+and ``H * itemsize``) and then launches with ``VEC`` = elements per 16 bytes, passing the
+row length in vectors so its divisibility is structural. Anything else runs ``VEC=1``:
+correct, just narrower. Full tiles with ``H`` a multiple of ``BLOCK_H`` run unmasked.
+
+Three ways in, one launch:
+
+- ``gather_segments`` / ``merge_segments``: check everything, stage the table, launch.
+- ``plan_segments`` + ``run_segments``: check and upload once, launch many times (CUDA
+  graphs; see ``SegmentPlan``).
+- ``launch_trusted``: the scheduler's own tables, already checked by its planner
+  (reached through ``trusted.copy_segments``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache, reduce
+from operator import itemgetter, or_
 
-from ..errors import KernelInputError
+from ..errors import GraphCaptureError, KernelInputError, SourceOverlapError
 from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
+from .fast_launch import LaunchCache
 from .launch_config import resolve_config, unaligned_config
 from .segments import Segment, check_segments, check_tensors, total_rows
-from .table import count_tiles, host_tiles, upload
+from .streams import layer
+from .table import count_tiles, grid_bound, table_size, table_words, upload
 
 KERNEL_NAME = "segment_gather"
+SEG_BLOCK = 64  # table entries each program scans per step while finding its segment
 
 if HAS_TRITON:
 
     @triton.jit
-    def segment_copy_kernel(
-        tiles_ptr,  # int64 [n_tiles, 3]: first source row address, first destination row, rows
-        dst_ptr,
+    def _copy_tile(
+        src_rows,
+        dst_rows,
         hidden,
+        n_rows,
+        MASK_ROWS: tl.constexpr,
+        MASK_COLS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_H: tl.constexpr,
+    ):
+        rows_ok = (tl.arange(0, BLOCK_M) < n_rows)[:, None]
+        for h in range(0, hidden, BLOCK_H):
+            cols = (h + tl.arange(0, BLOCK_H))[None, :]
+            if MASK_COLS:
+                mask = rows_ok & (cols < hidden)
+            else:
+                mask = rows_ok
+            if MASK_ROWS or MASK_COLS:
+                x = tl.load(src_rows + cols, mask=mask)
+                tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty), mask=mask)
+            else:
+                x = tl.load(src_rows + cols)
+                tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty))
+
+    @triton.jit
+    def _find_segment(table_ptr, tile, n_segs, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
+        """The segment holding ``tile`` (``n_segs`` past the last tile) and the tile's first row in it."""
+        count = tile * 0
+        before = tile * 0
+        end = tile * 0
+        for start in range(0, n_segs, SEG_BLOCK):
+            idx = start + tl.arange(0, SEG_BLOCK)
+            ok = idx < n_segs
+            seg_rows = tl.load(table_ptr + 3 + idx * 4, mask=ok, other=0)
+            ends = end + tl.cumsum((seg_rows + BLOCK_M - 1) // BLOCK_M, 0)
+            done = ok & (ends <= tile)
+            count += tl.sum(done.to(tl.int64), 0)
+            before = tl.maximum(before, tl.max(tl.where(done, ends, 0), 0))
+            end = tl.max(tl.where(ok, ends, end), 0)
+        return count, (tile - before) * BLOCK_M
+
+    @triton.jit(do_not_specialize=["hidden_vecs", "seg_src", "seg_dst_row", "seg_rows"])
+    def segment_copy_kernel(
+        table_ptr,  # int64 table (table.py); None for ONE_SEGMENT launches
+        dst_ptr,
+        hidden_vecs,  # row length in units of VEC elements
+        seg_src,  # ONE_SEGMENT: address of the segment's first source row
+        seg_dst_row,  # ONE_SEGMENT: its first destination row
+        seg_rows,  # ONE_SEGMENT: its row count
         SRC_DTYPE: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_H: tl.constexpr,
-        ALIGNED: tl.constexpr,
         VEC: tl.constexpr,
+        EVEN_H: tl.constexpr,
+        ONE_SEGMENT: tl.constexpr,
+        SEG_BLOCK: tl.constexpr,
     ):
-        tile = tl.program_id(0).to(tl.int64) * 3
-        src_addr = tl.load(tiles_ptr + tile)
-        dst_row = tl.load(tiles_ptr + tile + 1)
-        n_rows = tl.load(tiles_ptr + tile + 2)
-        src = src_addr.to(tl.pointer_type(SRC_DTYPE))
-        if ALIGNED:
-            # Promises the host checked: 16-byte aligned rows whose length is a multiple of VEC.
+        tile = tl.program_id(0).to(tl.int64)
+        # A product with a constexpr: the compiler knows `hidden` is a multiple of VEC for
+        # every row length, which an integer argument only says when divisible by 16.
+        hidden = hidden_vecs.to(tl.int64) * VEC
+        if ONE_SEGMENT:
+            first = tile * BLOCK_M
+            src = seg_src.to(tl.pointer_type(SRC_DTYPE)) + first * hidden
+            dst_row = seg_dst_row + first
+            n_rows = tl.minimum(seg_rows - first, BLOCK_M)
+        else:
+            n_segs = tl.load(table_ptr)
+            seg, first = _find_segment(table_ptr, tile, n_segs, BLOCK_M, SEG_BLOCK)
+            live = seg < n_segs
+            record = table_ptr + 1 + tl.minimum(seg, n_segs - 1) * 4
+            base = tl.load(table_ptr + 1 + n_segs * 4 + tl.load(record))
+            src = base.to(tl.pointer_type(SRC_DTYPE)) + (tl.load(record + 1) + first) * hidden
+            dst_row = tl.load(record + 3) + first
+            n_rows = tl.where(live, tl.minimum(tl.load(record + 2) - first, BLOCK_M), 0)
+        if VEC > 1:
+            # The host checked 16-byte aligned sources; the cast pointer cannot say so itself.
             src = tl.multiple_of(src, 16)
-            hidden = tl.multiple_of(hidden, VEC)
-        rows = tl.arange(0, BLOCK_M)
-        row_ok = (rows < n_rows)[:, None]
-        src_rows = src + rows[:, None].to(tl.int64) * hidden
-        dst_rows = dst_ptr + (dst_row + rows[:, None]) * hidden
-        for h in range(0, hidden, BLOCK_H):
-            cols = h + tl.arange(0, BLOCK_H)
-            mask = row_ok & (cols < hidden)[None, :]
-            x = tl.load(src_rows + cols[None, :], mask=mask)
-            tl.store(dst_rows + cols[None, :], cast_to(x, dst_ptr.dtype.element_ty), mask=mask)
+        rows = tl.arange(0, BLOCK_M)[:, None].to(tl.int64)
+        src_rows = src + rows * hidden
+        dst_rows = dst_ptr + (dst_row + rows) * hidden
+        if EVEN_H:
+            # Full tiles need no mask: on AMD a masked store waits for every load of the
+            # step before it, an unmasked one only for its own.
+            if n_rows == BLOCK_M:
+                _copy_tile(src_rows, dst_rows, hidden, n_rows, False, False, BLOCK_M, BLOCK_H)
+            else:
+                _copy_tile(src_rows, dst_rows, hidden, n_rows, True, False, BLOCK_M, BLOCK_H)
+        else:
+            _copy_tile(src_rows, dst_rows, hidden, n_rows, True, True, BLOCK_M, BLOCK_H)
+
+    _launches = LaunchCache(segment_copy_kernel)
+else:
+    segment_copy_kernel = None
+    _launches = None
 
 
 def gather_segments_ref(sources: Sequence, segments: Sequence[Segment], out) -> None:
     """Plain-torch reference and CPU fallback: one ``copy_`` per segment (casts like ``.to``)."""
     for source, src_row, n_rows, dst_row in segments:
         out[dst_row : dst_row + n_rows].copy_(sources[source][src_row : src_row + n_rows])
+
+
+# --- the launch shared by every way in -------------------------------------------------
+
+
+@lru_cache(maxsize=4096)
+def _launch_config(dtype, hidden: int, n_rows: int, device, config_items):
+    config = dict(config_items) if config_items is not None else None
+    return resolve_config(
+        KERNEL_NAME, dtype=dtype, hidden=hidden, n_rows=max(n_rows, 1), device=device, config=config
+    )
+
+
+def clear_caches() -> None:
+    """Forget resolved configs and compiled-kernel handles (after new tuning files)."""
+    _launch_config.cache_clear()
+    if _launches is not None:
+        _launches.clear()
+
+
+def _config(dest, n_rows: int, config: dict | None) -> dict:
+    items = None if config is None else tuple(sorted(config.items()))
+    return _launch_config(dest.dtype, dest.shape[1], n_rows, dest.device, items)
+
+
+def _launch(dest, src_dtype, cfg, vec, grid, table, one, stream) -> None:
+    """One launch of ``segment_copy_kernel``; ``one`` is ``(address, dst_row, rows)`` or None."""
+    hidden = dest.shape[1]
+    if vec == 1:
+        cfg = unaligned_config(cfg)
+    block_m, block_h = cfg["BLOCK_M"], cfg["BLOCK_H"]
+    constexprs = {
+        "SRC_DTYPE": tl_dtype(src_dtype),
+        "BLOCK_M": block_m,
+        "BLOCK_H": block_h,
+        "VEC": vec,
+        "EVEN_H": hidden % block_h == 0,
+        "ONE_SEGMENT": one is not None,
+        "SEG_BLOCK": SEG_BLOCK,
+    }
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    seg_src, seg_dst_row, seg_rows = one if one is not None else (0, 0, 0)
+    key = (
+        dest.device,
+        dest.dtype,
+        dest.data_ptr() % 16 == 0,
+        None if table is None else table.data_ptr() % 16 == 0,
+        *constexprs.values(),
+        *options.values(),
+    )
+    args = (table, dest, hidden // vec, seg_src, seg_dst_row, seg_rows)
+    _launches.launch(key, grid, args, constexprs, options, stream)
+
+
+def launch_segments(sources: Sequence, segments: Sequence, dest, config: dict | None = None) -> None:
+    """Stage and launch a table that is already known to be valid (no checks here).
+
+    Runs under ``dest``'s device; the table is uploaded on that device's current stream
+    and the kernel launched right after it on the same stream.
+    """
+    if not segments:
+        return
+    hidden = dest.shape[1]
+    row_bytes = hidden * sources[0].element_size()
+    vec = vector_width(dest.element_size(), sources[0].element_size())
+    even_rows = hidden % vec == 0 and dest.data_ptr() % 16 == 0
+    device = dest.device
+    streams = layer(device)
+    with streams.guard(device):
+        stream = streams.current(device)
+        if len(segments) == 1:
+            source, src_row, n_rows, dst_row = segments[0]
+            address = sources[source].data_ptr() + src_row * row_bytes
+            if not (even_rows and address % 16 == 0):
+                vec = 1
+            cfg = _config(dest, n_rows, config)
+            grid = -(-n_rows // cfg["BLOCK_M"])
+            _launch(dest, sources[0].dtype, cfg, vec, grid, None, (address, dst_row, n_rows), streams.raw(stream))
+            return
+        addresses = [s.data_ptr() for s in sources]
+        if not (even_rows and reduce(or_, addresses) % 16 == 0):
+            vec = 1
+        rows = sum(map(itemgetter(2), segments))
+        cfg = _config(dest, rows, config)
+        table = upload(table_words(segments, addresses), device)
+        grid = grid_bound(rows, len(segments), cfg["BLOCK_M"])
+        _launch(dest, sources[0].dtype, cfg, vec, grid, table, None, streams.raw(stream))
+
+
+def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:
+    """The scheduler's Triton path: its planner already checked the table, so nothing is
+    checked again. A table of several segments is staged per call, which a CUDA graph
+    cannot replay; refuse that under capture rather than record a dangling buffer."""
+    if len(segments) > 1 and layer(dest.device).capturing(dest.device):
+        raise GraphCaptureError(_CAPTURE_HINT)
+    launch_segments(sources, segments, dest)
+
+
+# --- checks of the public API ----------------------------------------------------------
+
+_CAPTURE_HINT = (
+    "this call stages its segment table on every call, which a CUDA graph would replay"
+    " from a recycled buffer; build a plan before capturing (plan_segments(..., capacity=N))"
+    " and capture only run_segments(plan, dest)"
+)
+
+
+def refuse_under_capture(device, what: str) -> None:
+    if layer(device).capturing(device):
+        raise GraphCaptureError(f"{what} was called while a CUDA graph is being captured: {_CAPTURE_HINT}")
+
+
+def check_no_overlap(sources: Sequence, dest) -> None:
+    """Refuse a source whose bytes overlap the destination's: programs of one launch would
+    read rows that other programs are overwriting."""
+    if dest.numel() == 0:
+        return
+    start = dest.data_ptr()
+    end = start + dest.numel() * dest.element_size()
+    for i, src in enumerate(sources):
+        if src.numel() == 0 or src.device != dest.device:
+            continue
+        s_start = src.data_ptr()
+        s_end = s_start + src.numel() * src.element_size()
+        if s_start < end and start < s_end:
+            raise SourceOverlapError(
+                f"source {i} shares memory with the destination (bytes [{s_start:#x}, {s_end:#x}) and"
+                f" [{start:#x}, {end:#x})); copy it first (.clone()) or write to another buffer"
+            )
 
 
 def is_aligned(sources: Sequence, dest) -> bool:
@@ -91,19 +303,87 @@ def _check_triton_dtypes(sources: Sequence, dest) -> None:
             )
 
 
+def checked_backend(sources: Sequence, segments: list, dest) -> str:
+    """Every check of the public API; returns the backend that will run."""
+    check_tensors(sources, dest)
+    check_segments(segments, [s.shape[0] for s in sources], dest.shape[0])
+    check_no_overlap(sources, dest)
+    backend = select_backend(dest.device)
+    if backend == "triton":
+        _check_triton_dtypes(sources, dest)
+    return backend
+
+
+def copy_checked(sources: Sequence, segments: Sequence, dest, *, config=None, what: str) -> None:
+    """Check, then copy with whichever backend runs (the public per-call path)."""
+    segments = [Segment(*s) for s in segments]
+    refuse_under_capture(dest.device, what)
+    if checked_backend(sources, segments, dest) == "torch":
+        gather_segments_ref(sources, segments, dest)
+    else:
+        launch_segments(sources, segments, dest, config)
+
+
+def gather_segments(
+    sources: Sequence,
+    segments: Sequence,
+    out=None,
+    *,
+    dtype=None,
+    config: dict | None = None,
+):
+    """Copy every segment into a packed destination and return it.
+
+    ``out`` (optional) is written in place and must have at least as many rows as the
+    table addresses; rows no segment addresses are left untouched. Without ``out`` a
+    buffer of ``total_rows(segments)`` rows is allocated in ``dtype`` (default: the
+    sources' dtype); segments are cast to the destination dtype. Bad tables raise
+    ``SegmentError``, bad tensors ``KernelInputError`` (``SourceOverlapError`` for a
+    source sharing memory with ``out``) before anything is launched. Not for CUDA-graph
+    capture (``GraphCaptureError``): capture ``run_segments`` of a plan instead.
+
+    Equivalent PyTorch (for a packed, in-order table)::
+
+        out = torch.cat([sources[s][r : r + n] for s, r, n, _ in segments]).to(dtype)
+    """
+    import torch
+
+    if out is None:
+        if not sources:
+            raise KernelInputError("gather_segments needs out= when there are no sources")
+        out = torch.empty(
+            (total_rows([Segment(*s) for s in segments]), sources[0].shape[-1]),
+            dtype=dtype or sources[0].dtype,
+            device=sources[0].device,
+        )
+    copy_checked(sources, segments, out, config=config, what="gather_segments")
+    return out
+
+
+# --- plan / run ------------------------------------------------------------------------
+
+
 class SegmentPlan:
-    """A checked segment table, ready to run (FlashInfer-style plan/run split).
+    """A checked segment table, uploaded once, ready to launch many times (the
+    FlashInfer-style plan/run split).
 
-    ``plan_segments`` does all host work once: checks the table against the sources and
-    the destination, picks the backend, the config and the aligned or unaligned variant,
-    and uploads the tile table (pinned memory, ``non_blocking`` copy). ``run_segments``
-    then only launches: no allocation, no host sync.
+    ``plan_segments`` does all host work: checks the table against the sources and the
+    destination, picks the backend, config and vector width, and uploads the table on
+    the destination device's current stream, recording an event after the copy.
+    ``run_segments`` only launches: no allocation, no host sync. When it runs on another
+    stream than the upload, that stream first waits for the upload's event (once per
+    stream) and the table is marked in use there, so the launch never reads it early
+    and the allocator never recycles it under the kernel.
 
-    For CUDA-graph capture of ``run_segments``: plan with ``capacity`` (tiles) so the grid
-    is fixed, and between replays keep fixed the destination tensor (same storage, dtype,
-    shape), the source dtype and hidden size, and the alignment class; the sources may
-    change only through ``update``, which rewrites the same device table in place (new
-    source tensors must stay alive, and at fixed addresses, while the graph is replayed).
+    CUDA-graph capture: plan (or ``update``) before capturing, with ``capacity`` (tiles)
+    so the grid is fixed, and capture only ``run_segments``. Before capturing on a
+    stream other than the one that planned, run the plan once on that stream outside
+    the capture (a warm-up) — waiting for an event recorded outside a capture is not
+    allowed inside one, so ``run_segments`` refuses instead. Between replays keep fixed
+    the destination tensor (same storage, dtype, shape), the source dtype, hidden size
+    and alignment; the sources may change only through ``update``, outside capture and
+    on the stream that replays the graph; new sources must stay alive, at fixed
+    addresses, while the graph can be replayed. Keep the plan alive as long as the graph.
     """
 
     def __init__(self, *, backend, sources, segments, dest, config, capacity):
@@ -115,14 +395,24 @@ class SegmentPlan:
         self.src_dtype = sources[0].dtype if sources else dest.dtype
         self.config = config
         self.capacity = capacity
-        self.tiles = None
-        self.aligned = False
+        self.table = None
+        self.vec = 1
         self.sources = ()
         self.segments = ()
         self.n_tiles = 0
+        self.upload_stream = None
+        self.upload_event = None
+        self.ready_streams: list = []
         if backend == "triton":
-            self.aligned = is_aligned(sources, dest)
+            if is_aligned(sources, dest):
+                self.vec = vector_width(dest.element_size(), self.src_dtype.itemsize)
+            if capacity is not None:
+                self.table_words = table_size(capacity, max(len(sources), capacity))
         self._load(sources, segments)
+
+    @property
+    def aligned(self) -> bool:
+        return self.vec > 1
 
     @property
     def grid(self) -> int:
@@ -133,30 +423,38 @@ class SegmentPlan:
         self.segments = tuple(segments)
         if self.backend != "triton":
             return
-        table = host_tiles(
-            self.segments,
-            [s.data_ptr() for s in sources],
-            self.hidden * (sources[0].element_size() if sources else 1),
-            self.config["BLOCK_M"],
-        )
-        self.n_tiles = table.shape[0]
-        self.tiles = upload(table, self.device, capacity=self.capacity, into=self.tiles)
+        self.n_tiles = count_tiles(self.segments, self.config["BLOCK_M"])
+        words = table_words(self.segments, [s.data_ptr() for s in sources])
+        if self.capacity is not None:
+            if len(words) > self.table_words:
+                raise KernelInputError(
+                    f"the table needs {len(words)} words (segments and sources), the plan holds"
+                    f" {self.table_words}; plan with a larger capacity"
+                )
+            words.extend([0] * (self.table_words - len(words)))
+        reuse = self.table is not None and self.table.numel() >= len(words)
+        streams = layer(self.device)
+        with streams.guard(self.device):
+            stream = streams.current(self.device)
+            self.table = upload(words, self.device, into=self.table if reuse else None)
+            self.upload_stream = stream
+            self.upload_event = streams.record(stream)
+            self.ready_streams = [stream]
 
     def update(self, sources: Sequence, segments: Sequence) -> None:
-        """Point the plan at new sources and segments without moving its device table."""
+        """Point the plan at new sources and segments without moving its device table.
+
+        Uploads on the current stream; call it outside graph capture (it stages host
+        memory) and on the stream that runs or replays the plan."""
+        refuse_under_capture(self.device, "SegmentPlan.update")
         segments = [Segment(*s) for s in segments]
-        dest = _DestSpec(self)
-        check_tensors(sources, dest)
+        check_tensors(sources, _DestSpec(self))
         check_segments(segments, [s.shape[0] for s in sources], self.dest_shape[0])
         if sources and sources[0].dtype != self.src_dtype:
             raise KernelInputError(
                 f"the plan was made for {self.src_dtype} sources, got {sources[0].dtype}"
             )
-        if (
-            self.backend == "triton"
-            and self.aligned
-            and not all(s.data_ptr() % 16 == 0 for s in sources)
-        ):
+        if self.aligned and not all(s.data_ptr() % 16 == 0 for s in sources):
             raise KernelInputError(
                 "the plan was compiled for 16-byte aligned sources; a new source is not aligned"
             )
@@ -195,17 +493,14 @@ def plan_segments(
 ) -> SegmentPlan:
     """Check a segment table against ``sources`` and ``dest`` and prepare it to run."""
     segments = [Segment(*s) for s in segments]
-    check_tensors(sources, dest)
-    check_segments(segments, [s.shape[0] for s in sources], dest.shape[0])
-    backend = select_backend(dest.device)
+    refuse_under_capture(dest.device, "plan_segments")
+    backend = checked_backend(sources, segments, dest)
     if backend == "triton":
-        _check_triton_dtypes(sources, dest)
-        rows = max(total_rows(segments), 1)
         config = resolve_config(
             KERNEL_NAME,
             dtype=dest.dtype,
             hidden=dest.shape[1],
-            n_rows=rows,
+            n_rows=max(total_rows(segments), 1),
             device=dest.device,
             config=config,
         )
@@ -241,51 +536,16 @@ def run_segments(plan: SegmentPlan, dest) -> None:
         )
     if plan.grid == 0:
         return
-    cfg = plan.config if plan.aligned else unaligned_config(plan.config)
-    segment_copy_kernel[(plan.grid,)](
-        plan.tiles,
-        dest,
-        plan.hidden,
-        SRC_DTYPE=tl_dtype(plan.src_dtype),
-        BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_H=cfg["BLOCK_H"],
-        ALIGNED=plan.aligned,
-        VEC=vector_width(dest.element_size(), plan.src_dtype.itemsize),
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
-    )
-
-
-def gather_segments(
-    sources: Sequence,
-    segments: Sequence,
-    out=None,
-    *,
-    dtype=None,
-    config: dict | None = None,
-):
-    """Copy every segment into a packed destination and return it.
-
-    ``out`` (optional) is written in place and must have at least as many rows as the
-    table addresses; rows no segment addresses are left untouched. Without ``out`` a
-    buffer of ``total_rows(segments)`` rows is allocated in ``dtype`` (default: the
-    sources' dtype); segments are cast to the destination dtype. Bad tables raise
-    ``SegmentError`` and bad tensors ``KernelInputError`` before anything is launched.
-
-    Equivalent PyTorch (for a packed, in-order table)::
-
-        out = torch.cat([sources[s][r : r + n] for s, r, n, _ in segments]).to(dtype)
-    """
-    import torch
-
-    segments = [Segment(*s) for s in segments]
-    if out is None:
-        if not sources:
-            raise KernelInputError("gather_segments needs out= when there are no sources")
-        out = torch.empty(
-            (total_rows(segments), sources[0].shape[-1]),
-            dtype=dtype or sources[0].dtype,
-            device=sources[0].device,
-        )
-    run_segments(plan_segments(sources, segments, out, config=config), out)
-    return out
+    streams = layer(plan.device)
+    with streams.guard(plan.device):
+        stream = streams.current(plan.device)
+        if stream not in plan.ready_streams:
+            if streams.capturing(plan.device):
+                raise GraphCaptureError(
+                    "run_segments is being captured on a stream the plan has never run on; run it"
+                    " once on that stream before capturing (a warm-up), or plan while it is current"
+                )
+            streams.wait(stream, plan.upload_event)
+            streams.keep_for(plan.table, stream)
+            plan.ready_streams.append(stream)
+        _launch(dest, plan.src_dtype, plan.config, plan.vec, plan.grid, plan.table, None, streams.raw(stream))

@@ -43,12 +43,13 @@ from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
 from .launch_config import resolve_config, unaligned_config
+from .streams import layer
 
 KERNEL_NAME = "placeholder_merge"
 
 if HAS_TRITON:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n_tokens", "vocab", "n_mm", "hidden_vecs"])
     def embedding_merge_kernel(
         ids_ptr,  # [T] token ids; read only when LOOKUP_TEXT
         is_mm_ptr,  # [T] uint8, 1 at placeholder tokens
@@ -59,11 +60,10 @@ if HAS_TRITON:
         n_tokens,
         vocab,
         n_mm,
-        hidden,
+        hidden_vecs,  # row length in units of VEC elements (VEC is 1 when unaligned)
         LOOKUP_TEXT: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_H: tl.constexpr,
-        ALIGNED: tl.constexpr,
         VEC: tl.constexpr,
     ):
         tok = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -71,8 +71,8 @@ if HAS_TRITON:
         is_mm = tl.load(is_mm_ptr + tok, mask=tok_ok, other=0) != 0
         mm_row = tl.load(mm_count_ptr + tok, mask=tok_ok, other=0) - 1
         mm_ok = tok_ok & is_mm & (mm_row < n_mm)
-        if ALIGNED:
-            hidden = tl.multiple_of(hidden, VEC)
+        # A product with a constexpr: divisibility by VEC is known for every row length.
+        hidden = hidden_vecs.to(tl.int64) * VEC
         if LOOKUP_TEXT:
             ids = tl.load(ids_ptr + tok, mask=tok_ok, other=0).to(tl.int64)
             text_ok = tok_ok & (~is_mm) & (ids >= 0) & (ids < vocab)
@@ -247,8 +247,6 @@ def _check_values(mask, input_ids, embeddings, vocab: int | None) -> None:
 
 
 def _launch(*, input_ids, mask, counts, weight, embeddings, out, lookup_text, config):
-    import torch
-
     n_tokens = input_ids.numel()
     hidden = out.shape[-1]
     dtypes = [out.dtype, embeddings.dtype] + ([weight.dtype] if lookup_text else [])
@@ -272,7 +270,18 @@ def _launch(*, input_ids, mask, counts, weight, embeddings, out, lookup_text, co
     )
     if not aligned:
         cfg = unaligned_config(cfg)
+        vec = 1
     grid = (triton.cdiv(n_tokens, cfg["BLOCK_M"]),)
+    # Triton launches on the current device and its current stream: make that the output's.
+    with layer(out.device).guard(out.device):
+        _launch_on_device(grid, input_ids, mask, counts, weight, embeddings, out, lookup_text, cfg, vec)
+
+
+def _launch_on_device(grid, input_ids, mask, counts, weight, embeddings, out, lookup_text, cfg, vec):
+    import torch
+
+    hidden = out.shape[-1]
+    n_tokens = input_ids.numel()
     embedding_merge_kernel[grid](
         input_ids,
         mask.view(torch.uint8),
@@ -283,11 +292,10 @@ def _launch(*, input_ids, mask, counts, weight, embeddings, out, lookup_text, co
         n_tokens,
         weight.shape[0] if lookup_text else 0,
         embeddings.shape[0],
-        hidden,
+        hidden // vec,
         LOOKUP_TEXT=lookup_text,
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_H=cfg["BLOCK_H"],
-        ALIGNED=aligned,
         VEC=vec,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],

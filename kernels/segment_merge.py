@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .gather import plan_segments, run_segments
+from .gather import copy_checked
 
 
 def merge_segments(
@@ -18,14 +18,16 @@ def merge_segments(
     """Write every segment into ``input_embeds`` (in place, cast to its dtype) and return it.
 
     ``input_embeds`` is ``[tokens, H]``; rows no segment names keep their text embedding.
+    A source sharing memory with ``input_embeds`` raises ``SourceOverlapError``.
 
     Equivalent PyTorch::
 
         for s, r, n, d in segments:
             input_embeds[d : d + n] = sources[s][r : r + n].to(input_embeds.dtype)
 
-    For CUDA graphs, use ``gather.plan_segments`` / ``gather.run_segments`` with
-    ``input_embeds`` as the destination.
+    Not for CUDA-graph capture (``GraphCaptureError``): plan with
+    ``gather.plan_segments(..., capacity=N)`` and ``input_embeds`` as the destination,
+    then capture ``gather.run_segments``.
     """
-    run_segments(plan_segments(sources, segments, input_embeds, config=config), input_embeds)
+    copy_checked(sources, segments, input_embeds, config=config, what="merge_segments")
     return input_embeds

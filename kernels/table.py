@@ -1,76 +1,79 @@
-"""The device-side tile table: a segment table cut into even pieces of work.
+"""The device-side segment table: the scheduler's segments as they are, plus addresses.
 
-Each segment is split on the host into tiles of at most ``BLOCK_M`` rows, and the kernel
-runs one program per tile, so a 16384-row image next to a 1-row crop costs one launch
-and no program does more than ``BLOCK_M`` rows. A tile is three int64 words::
+One flat int64 array, built on the host with no per-tile work::
 
-    (address of the tile's first source row, first destination row, rows in the tile)
+    [n_segments,
+     source, src_row, n_rows, dst_row,     # segment 0, exactly as given
+     ...,
+     address of source 0, address of source 1, ...]
 
-The table is built vectorised on the host, written into pinned memory and copied with
-``non_blocking=True``; nothing waits for the device. A table may be given a fixed
-``capacity`` (in tiles): unused tiles carry zero rows and do nothing, so a launch over
-the whole capacity has a fixed grid and can be replayed from a CUDA graph.
+The kernel cuts segments into tiles of at most ``BLOCK_M`` rows itself: program ``t``
+finds its segment from a running sum of ``ceil(n_rows / BLOCK_M)`` over the table, so a
+16384-row image next to a 1-row crop costs one launch, no program does more than
+``BLOCK_M`` rows, and the host never expands tiles. The grid only needs an upper bound
+on the tile count (``grid_bound``); programs past the last tile copy nothing.
+
+The header word also makes a plan's table rewritable in place: ``SegmentPlan.update``
+changes the number of segments without touching the (possibly graph-captured) launch.
+
+Uploads happen on the stream current at the call, inside the destination's device
+guard, from pinned memory with ``non_blocking=True``; the launch that follows on the
+same stream is ordered after the copy.
 """
 
 from __future__ import annotations
 
+import ctypes
+from array import array
 from collections.abc import Sequence
+from itertools import chain
 
-from ..errors import SegmentError
 from .segments import Segment
 
-TILE_WORDS = 3
+HEADER_WORDS = 1
+SEGMENT_WORDS = 4
+
+
+def table_words(segments: Sequence[Segment], addresses: Sequence[int]) -> array:
+    words = array("q", (len(segments),))
+    words.extend(chain.from_iterable(segments))
+    words.extend(addresses)
+    return words
+
+
+def table_size(n_segments: int, n_sources: int) -> int:
+    return HEADER_WORDS + SEGMENT_WORDS * n_segments + n_sources
 
 
 def count_tiles(segments: Sequence[Segment], block_m: int) -> int:
-    return sum(-(-s.n_rows // block_m) for s in segments)
+    return sum(-(-s[2] // block_m) for s in segments)
 
 
-def host_tiles(
-    segments: Sequence[Segment], base_addresses: Sequence[int], row_bytes: int, block_m: int
-):
-    """The ``[n_tiles, 3]`` int64 tile table (a CPU tensor) for already-checked segments."""
-    import torch
-
-    if not segments:
-        return torch.empty((0, TILE_WORDS), dtype=torch.int64)
-    seg = torch.tensor(segments, dtype=torch.int64)
-    source, src_row, n_rows, dst_row = seg.unbind(1)
-    tiles_per_seg = (n_rows + block_m - 1) // block_m
-    seg_of_tile = torch.repeat_interleave(torch.arange(len(segments)), tiles_per_seg)
-    first_tile = torch.cumsum(tiles_per_seg, 0) - tiles_per_seg
-    row_offset = (torch.arange(seg_of_tile.numel()) - first_tile[seg_of_tile]) * block_m
-    base = torch.tensor(list(base_addresses), dtype=torch.int64)[source]
-    table = torch.empty((seg_of_tile.numel(), TILE_WORDS), dtype=torch.int64)
-    table[:, 0] = base[seg_of_tile] + (src_row[seg_of_tile] + row_offset) * row_bytes
-    table[:, 1] = dst_row[seg_of_tile] + row_offset
-    table[:, 2] = torch.clamp(n_rows[seg_of_tile] - row_offset, max=block_m)
-    return table
+def grid_bound(total_rows: int, n_segments: int, block_m: int) -> int:
+    """At least ``count_tiles``: each segment adds less than one partial tile."""
+    return (total_rows + n_segments * (block_m - 1)) // block_m
 
 
-def upload(table, device, *, capacity: int | None = None, into=None):
-    """Copy a host tile table to ``device`` without blocking the host.
+def upload(words: array, device, *, into=None):
+    """The table as an int64 tensor on ``device``, copied on the current stream.
 
-    ``capacity`` pads with empty tiles; ``into`` reuses an existing device table of that
-    capacity (its address stays fixed, which a captured CUDA graph needs).
+    ``into`` rewrites an existing table in place (its address stays fixed, which a
+    captured CUDA graph needs); it must be at least as long as ``words``.
     """
     import torch
 
-    n_tiles = table.shape[0]
-    if into is not None:
-        capacity = into.shape[0]
-    size = n_tiles if capacity is None else capacity
-    if n_tiles > size:
-        raise SegmentError(
-            f"the segment table needs {n_tiles} tiles, the plan holds {size}; plan with a larger capacity"
-        )
-    pinned = device.type == "cuda"
-    staging = torch.zeros((size, TILE_WORDS), dtype=torch.int64, pin_memory=pinned)
-    staging[:n_tiles] = table
-    if device.type == "cpu" and into is None:
-        return staging
+    host = torch.frombuffer(words, dtype=torch.int64)
+    if device.type == "cpu":
+        if into is None:
+            return host
+        into[: len(words)].copy_(host)
+        return into
+    # Pinned staging: the caching host allocator keeps it until the copy has run.
+    staging = torch.empty(len(words), dtype=torch.int64, pin_memory=True)
+    ctypes.memmove(staging.data_ptr(), words.buffer_info()[0], len(words) * words.itemsize)
     if into is None:
-        into = torch.empty((size, TILE_WORDS), dtype=torch.int64, device=device)
-    # The caching host allocator keeps `staging` alive until this copy has run.
-    into.copy_(staging, non_blocking=pinned)
+        into = torch.empty(len(words), dtype=torch.int64, device=device)
+        into.copy_(staging, non_blocking=True)
+    else:
+        into[: len(words)].copy_(staging, non_blocking=True)
     return into

@@ -81,3 +81,14 @@ class KernelConfigError(MMScheduleError, ValueError):
     """A per-GPU kernel config file (or the folder named by
     ``MM_SCHEDULE_KERNEL_CONFIG_DIR``) is missing or malformed; the message names the
     file and the entry that is wrong."""
+
+
+class SourceOverlapError(KernelInputError):
+    """A source tensor shares memory with the destination it would be copied into: the
+    copy would read rows that other programs of the same launch are overwriting."""
+
+
+class GraphCaptureError(MMScheduleError, RuntimeError):
+    """A call that stages host data per call (and so cannot be replayed from a CUDA graph)
+    was made while the current stream is capturing; plan outside the capture and capture
+    only ``run_segments``."""

@@ -79,27 +79,44 @@ def aot_specs(
         raise KernelInputError(
             f"hidden={hidden} is not a multiple of {vec}: no aligned variant exists"
         )
+    from ..gather import SEG_BLOCK
+
     fn = entry.jit()
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    blocks = {
-        "BLOCK_M": config["BLOCK_M"],
-        "BLOCK_H": config["BLOCK_H"],
-        "ALIGNED": aligned,
-        "VEC": vec,
-    }
-    # The JIT marks integer arguments divisible by 16 (and 16-byte aligned pointers); say the same.
-    hidden_hint = ["hidden"] if hidden % 16 == 0 else []
+    if not aligned:
+        vec = 1
+    blocks = {"BLOCK_M": config["BLOCK_M"], "BLOCK_H": config["BLOCK_H"], "VEC": vec}
     variant = "aligned" if aligned else "unaligned"
     if kernel == "segment_gather":
-        signature = {"tiles_ptr": "*i64", "dst_ptr": _type(dtype), "hidden": "i32"}
-        constexprs = {"SRC_DTYPE": tl_dtype(src_dtype), **blocks}
-        signature.update(dict.fromkeys(constexprs, "constexpr"))
-        divisible = ["tiles_ptr", *hidden_hint] + (["dst_ptr"] if aligned else [])
-        return [
-            AotSpec(
-                kernel, variant, fn, signature, constexprs, _divisibility(fn, divisible), options
+        # Both launch forms: the tile table, and one segment passed as arguments.
+        specs = []
+        for one_segment in (False, True):
+            signature = {
+                "table_ptr": "constexpr" if one_segment else "*i64",
+                "dst_ptr": _type(dtype),
+                "hidden_vecs": "i32",
+                "seg_src": "i64" if one_segment else "i32",
+                "seg_dst_row": "i32",
+                "seg_rows": "i32",
+            }
+            constexprs = {
+                "SRC_DTYPE": tl_dtype(src_dtype),
+                **blocks,
+                "EVEN_H": hidden % config["BLOCK_H"] == 0,
+                "ONE_SEGMENT": one_segment,
+                "SEG_BLOCK": SEG_BLOCK,
+            }
+            signature.update(dict.fromkeys(constexprs, "constexpr"))
+            divisible = ["dst_ptr"] if aligned else []
+            if one_segment:
+                constexprs["table_ptr"] = None
+            else:
+                divisible.append("table_ptr")
+            name = variant + ("-one" if one_segment else "")
+            specs.append(
+                AotSpec(kernel, name, fn, signature, constexprs, _divisibility(fn, divisible), options)
             )
-        ]
+        return specs
     specs = []
     for lookup_text in (False, True):
         signature = {
@@ -112,11 +129,11 @@ def aot_specs(
             "n_tokens": "i32",
             "vocab": "i32",
             "n_mm": "i32",
-            "hidden": "i32",
+            "hidden_vecs": "i32",
         }
         constexprs = {"LOOKUP_TEXT": lookup_text, **blocks}
         signature.update(dict.fromkeys(constexprs, "constexpr"))
-        divisible = ["ids_ptr", "is_mm_ptr", "mm_count_ptr", *hidden_hint]
+        divisible = ["ids_ptr", "is_mm_ptr", "mm_count_ptr"]
         if aligned:
             divisible += ["weight_ptr", "mm_ptr", "out_ptr"]
         name = f"{variant}-{'lookup' if lookup_text else 'merge'}"

@@ -192,6 +192,9 @@ def _run(args, out: Path, summary: Summary) -> int:
         os.environ["TRITON_INTERPRET"] = "0"  # compiled for the GPU
         os.environ.pop("MM_SCHEDULE_KERNEL_BACKEND", None)
     os.environ["PYTHONUNBUFFERED"] = "1"
+    from ..backend import refresh_backend
+
+    refresh_backend()
 
     env = _environment(args.dry_run)
     summary.environment = env
@@ -355,9 +358,10 @@ def _tune(args, out: Path, clock: Clock, step: Step, env: dict, summary: Summary
         step.status = "ok"
     if report.files:
         os.environ["MM_SCHEDULE_KERNEL_CONFIG_DIR"] = str(out / "tuned")
-        from .. import tuned_configs
+        from .. import gather, tuned_configs
 
         tuned_configs.clear_cache()
+        gather.clear_caches()
 
 
 def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:

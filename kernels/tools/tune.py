@@ -44,7 +44,7 @@ from pathlib import Path
 
 from ...errors import KernelConfigError, KernelInputError
 from ..backend import ENV_VAR as BACKEND_ENV
-from ..backend import interpreter_enabled
+from ..backend import interpreter_enabled, refresh_backend
 from ..device_names import device_candidates, normalize_device_name
 from ..launch_config import heuristic_config
 from ..registry import KERNEL_NAMES, kernel_entry
@@ -143,6 +143,7 @@ def _forced_triton_backend():
     """The tuner times the Triton kernels, whatever the caller's backend choice."""
     previous = os.environ.get(BACKEND_ENV)
     os.environ[BACKEND_ENV] = "triton"
+    refresh_backend()
     try:
         yield
     finally:
@@ -150,6 +151,7 @@ def _forced_triton_backend():
             del os.environ[BACKEND_ENV]
         else:
             os.environ[BACKEND_ENV] = previous
+        refresh_backend()
 
 
 def _device():

@@ -15,15 +15,33 @@ FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+@pytest.fixture(autouse=True)
+def fresh_backend_choice():
+    """The backend choice is read once per process; re-read it around every test, so a
+    test that changes the environment (monkeypatch) sees its own setting and no other."""
+    from mm_schedule.kernels.backend import refresh_backend
+
+    refresh_backend()
+    yield
+    refresh_backend()
+
+
+def _force(monkeypatch, name):
+    from mm_schedule.kernels.backend import refresh_backend
+
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", name)
+    refresh_backend()
+
+
 @pytest.fixture
 def triton_backend(monkeypatch):
     """Force the Triton kernels (interpreted) for the duration of a test."""
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    _force(monkeypatch, "triton")
 
 
 @pytest.fixture
 def torch_backend(monkeypatch):
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "torch")
+    _force(monkeypatch, "torch")
 
 
 def poisoned(shape, dtype):

@@ -8,7 +8,7 @@ import torch
 
 from mm_schedule.errors import KernelInputError
 from mm_schedule.kernels import gather as gather_mod
-from mm_schedule.kernels.backend import select_backend
+from mm_schedule.kernels.backend import refresh_backend, select_backend, set_backend, uses_triton
 from mm_schedule.kernels.gather import gather_segments
 from mm_schedule.kernels.launch_config import (
     heuristic_config,
@@ -39,7 +39,9 @@ def test_selection(monkeypatch, requested, interpret, device, expected):
     else:
         monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", requested)
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    refresh_backend()
     assert select_backend(torch.device(device)) == expected
+    assert uses_triton(torch.device(device)) == (expected == "triton")
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,29 @@ def test_impossible_requests_raise(monkeypatch, requested, interpret, device, me
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", requested)
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
     with pytest.raises(KernelInputError, match=message):
+        refresh_backend()
         select_backend(torch.device(device))
+
+
+def test_the_environment_is_read_once_until_refreshed(monkeypatch):
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "torch")
+    refresh_backend()
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    assert select_backend(CPU) == "torch"  # the hot path does not look at os.environ
+    refresh_backend()
+    assert select_backend(CPU) == "triton"
+
+
+def test_set_backend_overrides_the_environment(monkeypatch):
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    try:
+        set_backend("torch")
+        assert select_backend(CPU) == "torch"
+        with pytest.raises(KernelInputError, match="not one of"):
+            set_backend("cuda")
+    finally:
+        set_backend(None)
+    assert select_backend(CPU) == "triton"
 
 
 def test_torch_backend_never_touches_the_kernel(torch_backend, monkeypatch, helpers):
@@ -70,6 +94,7 @@ def test_torch_backend_never_touches_the_kernel(torch_backend, monkeypatch, help
 
 def test_auto_on_cpu_uses_the_reference(monkeypatch, helpers):
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "auto")
+    refresh_backend()
     monkeypatch.setattr(gather_mod, "segment_copy_kernel", None)  # would fail if launched
     source = helpers.random_rows(4, 64, torch.float16)
     assert torch.equal(gather_segments([source], [(0, 0, 4, 0)]), source)

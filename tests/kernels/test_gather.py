@@ -14,7 +14,7 @@ from mm_schedule.kernels.gather import (
     run_segments,
 )
 from mm_schedule.kernels.segments import Segment
-from mm_schedule.kernels.table import host_tiles
+from mm_schedule.kernels.table import count_tiles, grid_bound, table_words
 
 FIXTURE_OK = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -111,24 +111,30 @@ def test_skewed_sizes_split_into_even_tiles(triton_backend, helpers):
     segments = [(0, 0, 203, 0)] + [(1, 0, 1, 203 + i) for i in range(20)]
     run_both(helpers, sources, segments, 230, torch.float32, {**SMALL, "BLOCK_M": 8})
     plan = plan_segments(sources, segments, torch.empty(230, 64), config={**SMALL, "BLOCK_M": 8})
-    rows = plan.tiles[:, 2]
-    assert plan.n_tiles == 26 + 20 and int(rows.max()) <= 8 and int(rows.sum()) == 223
+    assert plan.n_tiles == 26 + 20
 
 
-def test_host_tiles_match_a_direct_construction():
+def test_more_segments_than_one_scan_block(triton_backend, helpers):
+    # Programs find their segment 64 table entries at a time; cross that boundary twice.
+    gen = torch.Generator().manual_seed(5)
+    sources = [helpers.random_rows(7, 64, torch.bfloat16, gen) for _ in range(3)]
+    segments, row = [], 1
+    for i in range(150):
+        n = 1 + (i * 5) % 7
+        segments.append((i % 3, 7 - n, n, row))
+        row += n + i % 2
+    run_both(helpers, sources, segments, row + 1, torch.bfloat16, {**SMALL, "BLOCK_M": 4})
+
+
+def test_table_holds_the_segments_as_given_and_the_addresses():
     segments = [Segment(1, 3, 10, 50), Segment(0, 0, 4, 0), Segment(1, 0, 1, 7)]
-    bases, row_bytes, block_m = [1 << 20, 1 << 30], 256, 4
-    expected = []
-    for source, src_row, n_rows, dst_row in segments:
-        for start in range(0, n_rows, block_m):
-            expected.append(
-                [
-                    bases[source] + (src_row + start) * row_bytes,
-                    dst_row + start,
-                    min(block_m, n_rows - start),
-                ]
-            )
-    assert host_tiles(segments, bases, row_bytes, block_m).tolist() == expected
+    bases = [1 << 20, 1 << 30]
+    words = table_words(segments, bases)
+    assert list(words) == [3, 1, 3, 10, 50, 0, 0, 4, 0, 1, 0, 1, 7, 1 << 20, 1 << 30]
+    assert count_tiles(segments, 4) == 3 + 1 + 1
+    for block_m in (1, 2, 4, 8, 16):
+        bound = grid_bound(15, 3, block_m)
+        assert count_tiles(segments, block_m) <= bound < count_tiles(segments, block_m) + 3
 
 
 def test_unaligned_sources_take_the_unaligned_variant(triton_backend, helpers):
@@ -165,13 +171,13 @@ def test_plan_runs_repeatedly_and_updates_in_place(triton_backend, helpers):
     first = [helpers.random_rows(6, 64, torch.float16)]
     dest = helpers.poisoned((10, 64), torch.float16)
     plan = plan_segments(first, [(0, 0, 6, 2)], dest, config=config, capacity=8)
-    table_ptr = plan.tiles.data_ptr()
-    assert plan.grid == 8 and plan.tiles[3:, 2].eq(0).all()  # padding tiles copy nothing
+    table_ptr = plan.table.data_ptr()
+    assert plan.grid == 8 and plan.n_tiles == 3  # programs past the last tile copy nothing
     run_segments(plan, dest)
     assert torch.equal(dest[2:8], first[0]) and dest[:2].isnan().all() and dest[8:].isnan().all()
     second = [helpers.random_rows(3, 64, torch.float16), helpers.random_rows(9, 64, torch.float16)]
     plan.update(second, [(1, 0, 9, 0), (0, 2, 1, 9)])
-    assert plan.tiles.data_ptr() == table_ptr
+    assert plan.table.data_ptr() == table_ptr
     run_segments(plan, dest)
     assert torch.equal(dest[:9], second[1]) and torch.equal(dest[9], second[0][2])
     with pytest.raises(KernelInputError, match="tiles"):

@@ -81,9 +81,11 @@ def test_tune_then_lookup_returns_the_fastest(tmp_path, monkeypatch):
         assert got == heuristic_config(kernel, dtype=torch.float16, hidden=64, n_rows=16)
 
     # And through the launcher, which resolves its config the same way when given none.
+    from mm_schedule.kernels.backend import refresh_backend
     from mm_schedule.kernels.gather import plan_segments
 
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    refresh_backend()
     sources = [torch.randn(30, 64).to(torch.bfloat16) for _ in range(2)]
     packed = torch.empty(40, 64, dtype=torch.bfloat16)
     plan = plan_segments(sources, [(0, 0, 20, 0), (1, 5, 20, 20)], packed)

@@ -25,7 +25,10 @@ def _batch():
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_triton_backend_assembles_the_same_rows(monkeypatch, fused):
+    from mm_schedule.kernels.backend import refresh_backend
+
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    refresh_backend()
     reqs = _batch()
     cache = EmbeddingCache(1 << 20)
     for _ in range(2):  # second round: every source is a cache hit

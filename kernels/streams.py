@@ -1,0 +1,87 @@
+"""Devices and streams, as the launchers see them: one small interface, two layers.
+
+Triton launches on the *current* device and the *current* stream of that device. The
+launchers therefore enter the destination's device (``guard``) before they touch a
+stream, stage tables and launch on the stream that is current there, and, when a table
+was uploaded earlier on another stream (a ``SegmentPlan``), make the launch stream wait
+for the upload's event and tell the caching allocator the table is in use on it.
+
+``layer(device)`` returns the implementation for a device: ``CUDA_LAYER`` (torch.cuda,
+which ROCm builds of torch also call ``cuda``) or ``HOST_LAYER`` (CPU tensors: nothing to
+order). Tests replace ``layer`` with a recording fake to check guards and ordering
+without a GPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+
+class HostLayer:
+    """CPU tensors: work runs in program order, there is nothing to guard or wait for."""
+
+    def guard(self, device):
+        return nullcontext()
+
+    def current(self, device):
+        return None
+
+    def capturing(self, device) -> bool:
+        return False
+
+    def record(self, stream):
+        return None
+
+    def wait(self, stream, event) -> None:
+        pass
+
+    def keep_for(self, tensor, stream) -> None:
+        pass
+
+    def raw(self, stream):
+        return None
+
+
+class CudaLayer:
+    """torch.cuda streams and events."""
+
+    def guard(self, device):
+        import torch
+
+        return torch.cuda.device(device)
+
+    def current(self, device):
+        import torch
+
+        return torch.cuda.current_stream(device)
+
+    def capturing(self, device) -> bool:
+        import torch
+
+        with torch.cuda.device(device):
+            return torch.cuda.is_current_stream_capturing()
+
+    def record(self, stream):
+        import torch
+
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait(self, stream, event) -> None:
+        stream.wait_event(event)
+
+    def keep_for(self, tensor, stream) -> None:
+        # The caching allocator then reuses the memory only after `stream` passes this point.
+        tensor.record_stream(stream)
+
+    def raw(self, stream):
+        return stream.cuda_stream
+
+
+HOST_LAYER = HostLayer()
+CUDA_LAYER = CudaLayer()
+
+
+def layer(device):
+    return CUDA_LAYER if device.type == "cuda" else HOST_LAYER
