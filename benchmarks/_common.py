@@ -1,7 +1,8 @@
 """Measurement helpers shared by the benchmark scripts in this folder.
 
-Nothing here knows about segments or embeddings: it times callables, counts host
-syncs, measures transient device memory and writes tables. On a CPU every
+Nothing here knows about segments or embeddings: it records the environment, times
+host calls, counts host syncs, measures transient device memory and writes tables. Device
+time comes from ``mm_schedule.kernels.tools.timing.GpuTimer``, the timer the tuner uses. On a CPU every
 device-only measurement returns ``None`` so a caller can print "n/a" instead of a
 made-up number.
 """
@@ -20,8 +21,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-MiB = 1024 * 1024
-
+from mm_schedule.kernels.tools.timing import MiB, l2_bytes
 
 # -- environment ------------------------------------------------------------------------
 
@@ -81,23 +81,6 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def l2_bytes(device: torch.device) -> int:
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "L2_cache_size", 0) or 64 * MiB)
-
-
-def cold_cache_bytes(device: torch.device) -> int:
-    """Bytes to touch between timed calls so that none of their inputs is still cached.
-
-    On AMD Instinct parts the Infinity Cache (256 MiB on MI300X) sits behind L2 and
-    is not reported by torch, so it is assumed there.
-    """
-    cache = l2_bytes(device)
-    if torch.version.hip:
-        cache = max(cache, 256 * MiB)
-    return cache
-
-
 # -- correctness ------------------------------------------------------------------------
 
 _SAME_WIDTH_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -141,101 +124,6 @@ def cpu_times_us(run: Callable[[int], object], repeats: int) -> list[float]:
         run(i)
         times.append((time.perf_counter() - start) * 1e6)
     return times
-
-
-class GpuTimer:
-    """Event-timed calls with a cold cache and the host kept ahead of the device.
-
-    Before each timed call the timer overwrites a scratch buffer larger than the
-    cache (so the call's inputs come from HBM even when the caller's rotation is too
-    short) and then queues a spin kernel long enough that the host finishes queueing
-    the call before the device reaches it. The events therefore bracket device work
-    only; a host sync inside the call still shows, because the host cannot queue
-    what follows the sync until the device has drained the spin and everything
-    before it.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.scratch = torch.empty(2 * cold_cache_bytes(device), dtype=torch.uint8, device=device)
-        self.cycles_per_us = self._calibrate_spin()
-
-    def _calibrate_spin(self) -> float | None:
-        try:
-            torch.cuda._sleep(1000)
-            start, end = _event_pair()
-            start.record()
-            torch.cuda._sleep(2_000_000)
-            end.record()
-            end.synchronize()
-            return 2_000_000 / (start.elapsed_time(end) * 1e3)
-        except Exception:  # no spin kernel on this build: time without it and say so
-            return None
-
-    def times_us(self, run: Callable[[int], object], repeats: int, host_us: float) -> list[float]:
-        pairs = [_event_pair() for _ in range(repeats)]
-        spin_us = min(max(2.0 * host_us, 50.0), 20_000.0)
-        synchronize(self.device)
-        for i, (start, end) in enumerate(pairs):
-            self.scratch.zero_()
-            if self.cycles_per_us:
-                torch.cuda._sleep(int(spin_us * self.cycles_per_us))
-            start.record()
-            run(i)
-            end.record()
-        synchronize(self.device)
-        return [s.elapsed_time(e) * 1e3 for s, e in pairs]
-
-
-def graph_us_per_call(
-    run: Callable[[int], object], calls: int, replays: int, device: torch.device
-) -> float:
-    """Capture ``calls`` consecutive calls (rotating buffers) in one CUDA graph and
-    return the median replay time divided by ``calls``: device time without launch
-    gaps. Raises whatever capture raises when the calls cannot be captured."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for i in range(calls):
-            run(i)
-    torch.cuda.current_stream(device).wait_stream(side)
-    synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            run(i)
-    graph.replay()
-    synchronize(device)
-    pairs = [_event_pair() for _ in range(replays)]
-    for start, end in pairs:
-        start.record()
-        graph.replay()
-        end.record()
-    synchronize(device)
-    del graph
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / calls
-
-
-def _event_pair():
-    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-
-def copy_bandwidth_gbps(device: torch.device, nbytes: int = 1024 * MiB, repeats: int = 20) -> float:
-    """Measured device-to-device ``dst.copy_(src)`` bandwidth, bytes read plus written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    synchronize(device)
-    pairs = [_event_pair() for _ in range(repeats)]
-    for start, end in pairs:
-        start.record()
-        dst.copy_(src)
-        end.record()
-    synchronize(device)
-    us = statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
-    del src, dst
-    return 2 * nbytes / us / 1e3
 
 
 # -- host syncs and memory --------------------------------------------------------------

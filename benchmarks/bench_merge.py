@@ -41,6 +41,7 @@ script writes for the timing, memory and sync-counting method.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -57,6 +58,8 @@ import _merge_peers as peers
 from _merge_checks import DTYPES, graph_replay_check, sweep
 from _merge_report import RunReport
 
+from mm_schedule.kernels.tools.timing import Budget, GpuTimer, cold_cache_bytes
+
 try:
     import triton
 except ImportError:  # the torch paths and the CPU smoke run need no Triton
@@ -71,6 +74,7 @@ if triton is not None:
 
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+GIB = 1 << 30
 # Qwen2-VL's image pad id; the ids path must not care whether it is inside the vocabulary.
 PLACEHOLDER_ID = 151655
 TEXT_VOCAB = 32000
@@ -255,7 +259,7 @@ def rotation_sets(case: Case, device: torch.device, memory_cap: int) -> int:
     """Enough copies of the inputs that consecutive calls never find theirs in the cache."""
     if not C.is_gpu(device):
         return 2
-    want = math.ceil(3 * C.cold_cache_bytes(device) / set_bytes(case))
+    want = math.ceil(3 * cold_cache_bytes(device) / set_bytes(case))
     return max(2, min(want, 64, memory_cap // set_bytes(case)))
 
 
@@ -395,7 +399,8 @@ class Settings:
     repeats: int
     wall_calls: int
     graph_replays: int
-    timer: C.GpuTimer | None
+    timer: GpuTimer | None
+    budget: Budget
 
 
 def poison_and_expect(p: Problem, b: Buffers, op: str) -> torch.Tensor:
@@ -409,28 +414,30 @@ def poison_and_expect(p: Problem, b: Buffers, op: str) -> torch.Tensor:
 def measure(p: Problem, spec: PathSpec, s: Settings) -> dict:
     """Check one path bit for bit, then time it; a wrong path is not timed."""
     record = {"case": p.case.name, "op": spec.op, "path": spec.name, "mirrors": spec.mirrors, "ours": spec.ours}
-    expected = poison_and_expect(p, p.sets[0], spec.op)
-    out = spec.prepare(p, p.sets[0])()
-    C.synchronize(s.device)
-    record["bit_exact"] = C.bits_equal(out, expected)
-    del out
-    if not record["bit_exact"]:
-        record["error"] = "output differs from the reference; not timed"
-        return record
-
     calls = [spec.prepare(p, b) for b in p.sets]
 
     def run(i: int):
         return calls[i % len(calls)]()
 
-    for i in range(len(calls)):  # warm-up: compiles, and touches every rotation set once
-        run(i)
+    # The first call compiles; checking and warming up are not charged to the time cap.
+    with s.budget.untimed():
+        expected = poison_and_expect(p, p.sets[0], spec.op)
+        out = run(0)
+        C.synchronize(s.device)
+        record["bit_exact"] = C.bits_equal(out, expected)
+        del out
+        if not record["bit_exact"]:
+            record["error"] = "output differs from the reference; not timed"
+            return record
+        for i in range(len(calls)):  # touches every rotation set once
+            run(i)
+        C.synchronize(s.device)
     preexisting = [t for b in p.sets for t in (b.embeds, b.packed)]
     record["host_syncs"] = C.count_host_syncs(lambda: run(0), s.device)
     record["transient_bytes"] = C.transient_bytes(lambda: run(0), s.device, preexisting)
     record["wall_us"] = C.wall_us_per_call(run, s.wall_calls, s.device)
     if s.timer is not None:
-        times = s.timer.times_us(run, s.repeats, host_us=record["wall_us"])
+        times = s.timer.event_times_us(run, s.repeats, host_us=record["wall_us"])
     else:
         times = C.cpu_times_us(run, s.repeats)
     record["time_us"] = C.median(times)
@@ -440,7 +447,8 @@ def measure(p: Problem, spec: PathSpec, s: Settings) -> dict:
             record["graph"] = "it syncs the host"
         else:
             try:
-                record["graph_us"] = C.graph_us_per_call(run, len(calls), s.graph_replays, s.device)
+                launches = [functools.partial(run, i) for i in range(len(calls))]
+                record["graph_us"] = s.timer.graph_us(launches, s.graph_replays)
             except Exception as exc:
                 record["graph"] = f"capture failed: {type(exc).__name__}: {str(exc)[:120]}"
                 torch.cuda.synchronize(s.device)
@@ -452,6 +460,10 @@ def measure_case(case: Case, index: int, paths: list[PathSpec], s: Settings, arg
     problem = build_problem(case, s.device, seed=args.seed + index, n_sets=n_sets)
     records = []
     for spec in paths:
+        if s.budget.exceeded():
+            records.append({"case": case.name, "op": spec.op, "path": spec.name, "mirrors": spec.mirrors,
+                            "ours": spec.ours, "skipped": "time cap reached"})
+            continue
         try:
             records.append(measure(problem, spec, s))
         except Exception as exc:  # one broken path must not lose the rest of the run
@@ -465,7 +477,7 @@ def measure_case(case: Case, index: int, paths: list[PathSpec], s: Settings, arg
 # -- launch floor -----------------------------------------------------------------------
 
 
-def empty_launch(device: torch.device, timer: C.GpuTimer | None) -> dict | None:
+def empty_launch(device: torch.device, timer: GpuTimer | None) -> dict | None:
     """Host wall and device time of launching a Triton kernel that does nothing."""
     if timer is None or triton is None:
         return None
@@ -473,7 +485,7 @@ def empty_launch(device: torch.device, timer: C.GpuTimer | None) -> dict | None:
     for _ in range(20):
         do_nothing[(1,)](anchor)
     wall = C.wall_us_per_call(lambda i: do_nothing[(1,)](anchor), 2000, device)
-    device_us = C.median(timer.times_us(lambda i: do_nothing[(1,)](anchor), 50, host_us=wall))
+    device_us = C.median(timer.event_times_us(lambda i: do_nothing[(1,)](anchor), 50, host_us=wall))
     return {"wall_us": wall, "device_us": device_us}
 
 
@@ -499,16 +511,18 @@ def parse_args(argv=None):
     ap.add_argument("--sweep", type=int, help="random correctness tables (default 80 on a GPU, 6 on the CPU)")
     ap.add_argument("--sweep-seconds", type=float, default=60.0, help="stop the sweep after this")
     ap.add_argument("--max-seconds", type=float, default=240.0,
-                    help="start no new case after this many seconds of the run")
+                    help="stop measuring after this many seconds of timed work (checked between paths; compiles, "
+                    "correctness checks and the sweep not counted)")
     ap.add_argument("--memory-cap-gib", type=float, default=24.0, help="cap on one case's rotation sets")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plot", action="store_true")
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    started = time.monotonic()
+def run(args, budget: Budget | None = None) -> tuple[int, RunReport]:
+    """One benchmark run; ``budget`` (default: ``--max-seconds`` of timed work) is checked
+    between paths. Returns the exit status and the report it wrote."""
+    budget = budget or Budget(timed_s=args.max_seconds)
     gpu = torch.cuda.is_available() and not args.cpu_smoke
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     cases = GPU_CASES if gpu else CPU_SMOKE_CASES
@@ -528,28 +542,37 @@ def main(argv=None) -> int:
     if not gpu and not args.cpu_smoke:
         report.notes.append("no GPU visible: ran the CPU smoke configuration")
 
-    settings = Settings(device=device, repeats=args.repeats or (40 if gpu else 5), wall_calls=30 if gpu else 1,
-                        graph_replays=5, timer=C.GpuTimer(device) if gpu else None)
-    report.copy_gbps = C.copy_bandwidth_gbps(device) if gpu else None
-    report.empty_launch = empty_launch(device, settings.timer)
-    report.sync_selftest = sync_counter_selftest(device)
+    settings = Settings(device=device, repeats=args.repeats or (40 if gpu else 5), wall_calls=200 if gpu else 1,
+                        graph_replays=5, timer=GpuTimer(device) if gpu else None, budget=budget)
+    with budget.untimed():  # compiles the empty kernel
+        report.copy_gbps = 2 * GIB / settings.timer.copy_us(GIB) / 1e3 if gpu else None
+        report.empty_launch = empty_launch(device, settings.timer)
+        report.sync_selftest = sync_counter_selftest(device)
 
     # Correctness before speed: if the run is cut short, the checks are what must survive.
     trials = args.sweep if args.sweep is not None else (80 if gpu else 6)
-    report.sweep = sweep(device, trials, args.seed, deadline=time.monotonic() + args.sweep_seconds)
-    report.graph_check = graph_replay_check(device, trials=4, seed=args.seed)
+    with budget.untimed():
+        deadline = time.monotonic() + args.sweep_seconds
+        if budget.hard_deadline is not None:
+            deadline = min(deadline, budget.hard_deadline)
+        report.sweep = sweep(device, trials, args.seed, deadline=deadline)
+        report.graph_check = graph_replay_check(device, trials=4, seed=args.seed)
     print(f"[bench_merge] sweep: {report.sweep['summary']}, {len(report.sweep['failures'])} failures", flush=True)
     report.write(args.out_dir, plot=False)
 
     paths = all_paths()
     for index, case in enumerate(cases):
-        if time.monotonic() - started > args.max_seconds:
-            report.notes.append(f"time cap of {args.max_seconds:.0f} s reached; skipped "
-                                f"{', '.join(c.name for c in cases[index:])}")
+        if budget.exceeded():
+            report.notes.append(f"time cap reached; skipped {', '.join(c.name for c in cases[index:])}")
+            report.records += [{"case": c.name, "op": p.op, "path": p.name, "mirrors": p.mirrors, "ours": p.ours,
+                                "skipped": "time cap reached"} for c in cases[index:] for p in paths]
             break
         records, plan_info, n_sets = measure_case(case, index, paths, settings, args)
         report.records += records
         report.cases.append(case)
+        if settings.timer is not None:
+            # The yardstick for this case: torch copying the bytes the ideal kernel moves.
+            report.copy_same_bytes_us[case.name] = settings.timer.copy_us(case.ideal_bytes // 2)
         for op, info in plan_info.items():
             report.notes.append(f"{case.name} {op}: ours ran backend={info['backend']}, aligned={info['aligned']}, "
                                 f"config={info['config']}")
@@ -563,8 +586,12 @@ def main(argv=None) -> int:
     failures = report.failures()
     if failures:
         print(f"[bench_merge] {len(failures)} correctness failures, first: {failures[:3]}", file=sys.stderr)
-        return 1
-    return 0
+        return 1, report
+    return 0, report
+
+
+def main(argv=None) -> int:
+    return run(parse_args(argv))[0]
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ _LAZY = {
     "plan_segments": "gather",
     "run_segments": "gather",
     "SegmentPlan": "gather",
-    "merge_segments": "merge",
-    "merge_by_placeholder_ids": "embedding_merge",
-    "embed_with_placeholders": "embedding_merge",
+    "merge_segments": "segment_merge",
+    "merge_by_placeholder_ids": "placeholder_merge",
+    "embed_with_placeholders": "placeholder_merge",
 }
 
 __all__ = ["Segment", "check_segments", "total_rows", *_LAZY]

@@ -1,4 +1,4 @@
-"""Triton, if installed, plus the dtype names the kernels and the AOT builder share.
+"""Triton, if installed, and the device helpers the kernels share.
 
 The op modules define their ``@triton.jit`` kernels only when ``HAS_TRITON``; a CPU-only
 install without triton still imports them and runs the torch references.
@@ -15,25 +15,14 @@ except ImportError:  # the torch references need neither
     triton = None
     tl = None
 
+from .dtypes import dtype_name
+
 HAS_TRITON = triton is not None
-
-# torch dtype name -> Triton signature type, for the dtypes the kernels support.
-TRITON_TYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-
-
-def dtype_name(torch_dtype) -> str:
-    return str(torch_dtype).removeprefix("torch.")
 
 
 def tl_dtype(torch_dtype):
     """The ``tl`` dtype for a supported torch dtype (used as a constexpr)."""
     return getattr(tl, dtype_name(torch_dtype))
-
-
-def vector_width(*itemsizes: int) -> int:
-    """Elements per 16-byte access of the narrowest dtype involved: the unit in which the
-    aligned specialisation receives the row length (``hidden_vecs``)."""
-    return 16 // min(itemsizes)
 
 
 def _interpreted() -> bool:

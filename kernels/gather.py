@@ -3,7 +3,7 @@
 A segment ``(source, src_row, n_rows, dst_row)`` copies
 ``sources[source][src_row : src_row + n_rows]`` to ``dest[dst_row : dst_row + n_rows]``.
 The destination is either a packed ``[n_rows, H]`` buffer (``gather_segments``) or the
-text ``input_embeds`` itself (``merge.merge_segments``); both run the kernel below.
+text ``input_embeds`` itself (``segment_merge.merge_segments``); both run the kernel below.
 
 Equivalent PyTorch::
 
@@ -39,8 +39,9 @@ from typing import NamedTuple
 import torch
 
 from ..errors import GraphCaptureError, KernelInputError, SourceOverlapError
-from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton, vector_width
+from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton
 from .backend import select_backend
+from .dtypes import SUPPORTED_DTYPES, vector_width
 from .fast_launch import LaunchSpec
 from .launch_config import resolve_config, unaligned_config
 from .segments import Segment, check_segments, check_tensors, total_rows
@@ -48,7 +49,6 @@ from .streams import layer
 from .table import build_table, count_tiles, grid_bound, table_size, table_words, upload
 
 KERNEL_NAME = "segment_gather"
-SUPPORTED_DTYPES = ("bfloat16", "float16", "float32")
 SEG_BLOCK = 64  # table entries each program scans per step while finding its segment
 
 if HAS_TRITON:

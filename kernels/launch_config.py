@@ -1,4 +1,4 @@
-"""Launch configurations: the contract between the kernels and the per-GPU tuning tables.
+"""Launch configurations: the contract between the kernels and the per-GPU config tables.
 
 A config is a dict with exactly these keys:
 
@@ -7,27 +7,19 @@ A config is a dict with exactly these keys:
 - ``BLOCK_H``: hidden columns per inner-loop step,
 - ``num_warps``, ``num_stages``: passed to the Triton launch.
 
-Kernel names, as the tables and ``get_config`` use them:
-
-- ``segment_gather``: ``gather.segment_copy_kernel`` behind ``gather_segments``,
-  ``merge_segments`` and ``plan_segments``; ``n_rows`` is the table's total rows,
-  ``dtype`` the destination's.
-- ``embedding_merge``: ``embedding_merge.embedding_merge_kernel`` behind
-  ``merge_by_placeholder_ids`` and ``embed_with_placeholders``; ``n_rows`` is the token
-  count, ``dtype`` the output's.
-
+Which kernel a config is for, and what its ``n_rows`` counts, is in ``registry.py``.
 A config is used as given for the aligned variant; the unaligned one runs
-``unaligned_config(config)``. The tuned tables live in ``tuning.py`` (``get_config``);
-when that module is absent this file's heuristic answers alone. ``aot.py`` compiles every
-config it finds under ``configs/`` in the tests.
+``unaligned_config(config)``. ``resolve_config`` is what the launchers call: the caller's
+config, else the tuned table for this GPU (``tuned_configs.get_config``), else
+``heuristic_config``.
 """
 
 from __future__ import annotations
 
 from ..errors import KernelInputError
+from .registry import kernel_entry
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_H", "num_warps", "num_stages")
-KERNEL_NAMES = ("segment_gather", "embedding_merge")
 _WAVE64 = 64  # lanes per warp on CDNA; sizing for it is also safe for 32-lane NVIDIA warps
 
 
@@ -43,8 +35,7 @@ def heuristic_config(kernel: str, *, dtype, hidden: int, n_rows: int) -> dict:
     """A config that is sound everywhere: up to 16 KiB moved per program per inner step,
     taller tiles only when there are rows enough to keep every SM/CU busy, and no more
     warps than the tile fills with full 16-byte vectors (counting 64-lane AMD waves)."""
-    if kernel not in KERNEL_NAMES:
-        raise KernelInputError(f"unknown kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    kernel_entry(kernel)
     itemsize = getattr(dtype, "itemsize", 2)
     vec = 16 // itemsize
     block_h = min(_next_pow2(max(hidden, 16)), 8192 // itemsize)
@@ -88,13 +79,8 @@ def resolve_config(
     """The caller's config if given, else the tuned one for this GPU, else the heuristic."""
     if config is not None:
         return validate_config(config)
-    try:
-        from .tuning import get_config
-    except ModuleNotFoundError as exc:
-        # Only the absence of tuning.py itself falls back; a broken import inside it is a bug.
-        if exc.name != f"{__package__}.tuning":
-            raise
-        return heuristic_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows)
+    from .tuned_configs import get_config  # it imports this module
+
     return validate_config(
         get_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows, device=device)
     )

@@ -80,7 +80,7 @@ def count_mm_tokens_in_extend(
 
 def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
     """``[N, 1]`` bool: which ``input_ids`` are placeholders (no host sync)."""
-    from .kernels.embedding_merge import placeholder_mask as mask_1d
+    from .kernels.placeholder_merge import placeholder_mask as mask_1d
 
     return mask_1d(input_ids.reshape(-1), placeholder_tensor).unsqueeze(-1)
 

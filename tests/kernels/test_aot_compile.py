@@ -24,7 +24,7 @@ def compiled(tmp_path_factory):
     env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.kernels.aot", "--targets", ",".join(TARGETS)],
+        [sys.executable, "-m", "mm_schedule.kernels.tools.aot", "--targets", ",".join(TARGETS)],
         capture_output=True,
         text=True,
         env=env,
@@ -40,7 +40,7 @@ def test_every_kernel_variant_and_target_compiled(compiled):
         for variant in ("aligned", "unaligned"):
             assert ("segment_gather", variant, target) in seen
             for mode in ("merge", "lookup"):
-                assert ("embedding_merge", f"{variant}-{mode}", target) in seen
+                assert ("placeholder_merge", f"{variant}-{mode}", target) in seen
     dtypes = {(r["dtype"], r["src_dtype"]) for r in compiled}
     assert {
         ("bfloat16", "bfloat16"),
@@ -51,7 +51,7 @@ def test_every_kernel_variant_and_target_compiled(compiled):
 
 
 def test_every_shipped_config_compiled(compiled):
-    from mm_schedule.kernels.aot import shipped_configs
+    from mm_schedule.kernels.tools.aot import shipped_configs
 
     origins = {r["origin"] for r in compiled}
     for *_, path in shipped_configs(CONFIG_DIR):
@@ -74,7 +74,7 @@ def test_no_register_spills(compiled):
 
 
 def test_shipped_configs_are_read_in_the_tuner_layout(tmp_path):
-    from mm_schedule.kernels.aot import shipped_configs
+    from mm_schedule.kernels.tools.aot import shipped_configs
 
     small = {"BLOCK_M": 8, "BLOCK_H": 256, "num_warps": 2, "num_stages": 1}
     big = {"BLOCK_M": 16, "BLOCK_H": 1024, "num_warps": 4, "num_stages": 2}

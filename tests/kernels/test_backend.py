@@ -100,7 +100,7 @@ def test_auto_on_cpu_uses_the_reference(monkeypatch, helpers):
     assert torch.equal(gather_segments([source], [(0, 0, 4, 0)]), source)
 
 
-@pytest.mark.parametrize("kernel", ["segment_gather", "embedding_merge"])
+@pytest.mark.parametrize("kernel", ["segment_gather", "placeholder_merge"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("hidden", [64, 1152, 3584, 16384])
 @pytest.mark.parametrize("n_rows", [1, 1000, 100_000])
@@ -130,7 +130,7 @@ def test_bad_configs_are_rejected(config, message):
 
 def test_resolved_config_has_the_contract_keys():
     config = resolve_config(
-        "embedding_merge", dtype=torch.float16, hidden=4096, n_rows=300, device=CPU
+        "placeholder_merge", dtype=torch.float16, hidden=4096, n_rows=300, device=CPU
     )
     assert set(config) == {"BLOCK_M", "BLOCK_H", "num_warps", "num_stages"}
 

@@ -91,7 +91,8 @@ def _smoke_problem(bench):
 
 
 def _settings(bench):
-    return bench.Settings(device=torch.device("cpu"), repeats=1, wall_calls=1, graph_replays=1, timer=None)
+    return bench.Settings(device=torch.device("cpu"), repeats=1, wall_calls=1, graph_replays=1, timer=None,
+                          budget=bench.Budget())
 
 
 @pytest.mark.parametrize("fault", ["drop-last-segment", "shift-one-row", "leave-packed-unwritten"])
@@ -192,10 +193,41 @@ def test_sync_counter_and_zero_syncs_of_ours_on_gpu():
     assert common.count_host_syncs(lambda: x.add_(1), device) == 0
     case = next(c for c in bench.GPU_CASES if c.name == "llava1.5-1img")
     p = bench.build_problem(case, device, seed=0, n_sets=2)
-    settings = bench.Settings(device=device, repeats=3, wall_calls=3, graph_replays=1, timer=common.GpuTimer(device))
+    settings = bench.Settings(device=device, repeats=3, wall_calls=3, graph_replays=1, timer=bench.GpuTimer(device),
+                              budget=bench.Budget())
     for spec in bench.all_paths():
         if spec.ours:
             record = bench.measure(p, spec, settings)
             assert record["bit_exact"], record
             assert record["host_syncs"] == 0, record
     assert {info["backend"] for info in p.plan_info.values()} == {"triton"}, p.plan_info
+
+
+def _report_with(bench, planned_us, planned_wall_us):
+    """A GPU report with made-up numbers: the API call and the by-ids path are slow (the
+    per-call planning, the extra torch.cat), the planned launch is as given."""
+    from _merge_report import RunReport
+
+    report = RunReport(env={"device": "test"}, gpu=True, empty_launch={"wall_us": 5.0, "device_us": 2.0})
+    report.cases = [c for c in bench.GPU_CASES if c.name in ("qwen2.5vl7b-chunk8192", "llava1.5-1img")]
+    for case in report.cases:
+        report.copy_same_bytes_us[case.name] = case.ideal_bytes / 4.3e6  # as fast as a 4.3 TB/s copy
+        for op in ("gather", "merge"):
+            ideal_us = report.copy_same_bytes_us[case.name]
+            for path, us, wall in (("ours", 3 * ideal_us, 150.0), ("ours-by-ids", 2.5 * ideal_us, 60.0),
+                                   ("ours-planned", planned_us(ideal_us), planned_wall_us),
+                                   ("masked_scatter", 3 * ideal_us, 90.0)):
+                report.records.append({"case": case.name, "op": op, "path": path, "ours": path.startswith("ours"),
+                                       "time_us": us, "wall_us": wall, "host_syncs": 0, "bit_exact": True})
+    report.attach_ratios()
+    return report
+
+
+def test_targets_judge_the_planned_launch_not_the_api_call():
+    bench = load_bench()
+    met = _report_with(bench, planned_us=lambda ideal: ideal / 0.9, planned_wall_us=6.0).targets()
+    assert [verdict for *_, verdict in met] == ["met"] * 4, met
+    missed = _report_with(bench, planned_us=lambda ideal: ideal / 0.8, planned_wall_us=9.0).targets()
+    bandwidth, speedup, latency, syncs = (verdict for *_, verdict in missed)
+    assert (bandwidth, speedup, latency, syncs) == ("NOT met", "met", "NOT met", "met"), missed
+    assert "80.0%" in missed[0][1] and "1.80×" in missed[2][1]

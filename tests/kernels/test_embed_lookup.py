@@ -7,7 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_schedule.errors import EmbeddingLengthMismatch, KernelInputError
-from mm_schedule.kernels.embedding_merge import embed_with_placeholders, embed_with_placeholders_ref
+from mm_schedule.kernels.placeholder_merge import (
+    embed_with_placeholders,
+    embed_with_placeholders_ref,
+)
 
 VOCAB = 50
 IMAGE = 151655  # far outside VOCAB, as in real checkpoints whose added tokens are not in the table

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_schedule.errors import EmbeddingLengthMismatch, KernelInputError
-from mm_schedule.kernels.embedding_merge import (
+from mm_schedule.kernels.placeholder_merge import (
     merge_by_placeholder_ids,
     merge_by_placeholder_ids_ref,
 )

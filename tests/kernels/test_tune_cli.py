@@ -9,10 +9,12 @@ import sys
 import pytest
 import torch
 
-from mm_schedule.kernels import tuner, tuning
+from mm_schedule.kernels import tuned_configs
 from mm_schedule.kernels.launch_config import heuristic_config
-from mm_schedule.kernels.tuner import Shape, main, parse_config_space, parse_shapes, prune
-from mm_schedule.kernels.tuning import CONFIG_DIR_ENV, get_config
+from mm_schedule.kernels.tools import cases
+from mm_schedule.kernels.tools import tune as tuner
+from mm_schedule.kernels.tools.tune import Shape, main, parse_config_space, parse_shapes, prune
+from mm_schedule.kernels.tuned_configs import CONFIG_DIR_ENV, get_config
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1",
@@ -25,10 +27,10 @@ TINY_SPACE = "BLOCK_M=4,16;BLOCK_H=32,64;num_warps=1;num_stages=1"
 @pytest.fixture(autouse=True)
 def fresh_lookup(monkeypatch, tmp_path):
     monkeypatch.delenv(CONFIG_DIR_ENV, raising=False)
-    monkeypatch.setattr(tuning, "SHIPPED_CONFIG_DIR", tmp_path / "nothing_shipped")
-    tuning.clear_cache()
+    monkeypatch.setattr(tuned_configs, "SHIPPED_CONFIG_DIR", tmp_path / "nothing_shipped")
+    tuned_configs.clear_cache()
     yield
-    tuning.clear_cache()
+    tuned_configs.clear_cache()
 
 
 def fastest(result):
@@ -50,7 +52,7 @@ def test_tune_then_lookup_returns_the_fastest(tmp_path, monkeypatch):
     report = tuner.run(argv)
 
     assert report.device == "cpu" and not report.wrong
-    assert set(report.files) == {"segment_gather", "embedding_merge"}
+    assert set(report.files) == {"segment_gather", "placeholder_merge"}
     assert len(report.results) == 4
     for result in report.results:
         # 4 grid configs plus the heuristic, none failing on a correct kernel.
@@ -70,7 +72,7 @@ def test_tune_then_lookup_returns_the_fastest(tmp_path, monkeypatch):
 
     monkeypatch.setenv(CONFIG_DIR_ENV, str(out))
     by_shape = {(r.kernel, r.shape.n_rows): r for r in report.results}
-    for kernel in ("segment_gather", "embedding_merge"):
+    for kernel in ("segment_gather", "placeholder_merge"):
         for rows, bucket in [(16, 16), (40, 40), (8, 16), (30, 40), (5000, 40)]:
             got = get_config(kernel, dtype=torch.bfloat16, hidden=64, n_rows=rows, device="cpu")
             assert got == fastest(by_shape[kernel, bucket]), (kernel, rows)
@@ -95,7 +97,7 @@ def test_tune_then_lookup_returns_the_fastest(tmp_path, monkeypatch):
 
 
 def test_wrong_config_is_reported_and_never_chosen(tmp_path, monkeypatch, capsys):
-    class CorruptingGather(tuner.CASES["segment_gather"]):
+    class CorruptingGather(cases.GatherCase):
         def launcher(self, buffers, config):
             launch = super().launcher(buffers, config)
             out = buffers[2]
@@ -107,7 +109,7 @@ def test_wrong_config_is_reported_and_never_chosen(tmp_path, monkeypatch, capsys
 
             return corrupted
 
-    monkeypatch.setitem(tuner.CASES, "segment_gather", CorruptingGather)
+    monkeypatch.setattr(cases, "GatherCase", CorruptingGather)
     out = tmp_path / "tuned"
     argv = [
         "--kernels",
@@ -122,7 +124,7 @@ def test_wrong_config_is_reported_and_never_chosen(tmp_path, monkeypatch, capsys
     assert main(argv) == 1
     assert "wrong result" in capsys.readouterr().err
 
-    tuning.clear_cache()
+    tuned_configs.clear_cache()
     report = tuner.run(argv)
     (result,) = report.results
     wrong = [t for t in result.timings if t.error]
@@ -193,14 +195,15 @@ def test_config_space_parsing_and_pruning():
 
 
 def test_every_kernel_has_a_tuning_case():
-    from mm_schedule.kernels.launch_config import KERNEL_NAMES
+    from mm_schedule.kernels.registry import KERNELS
 
-    assert set(tuner.CASES) == set(KERNEL_NAMES)
+    for entry in KERNELS.values():
+        assert issubclass(entry.case_class(), cases.Case), entry.name
 
 
 def test_module_entry_point_help():
     done = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.kernels.tuner", "--help"],
+        [sys.executable, "-m", "mm_schedule.kernels.tools.tune", "--help"],
         capture_output=True,
         text=True,
         check=True,

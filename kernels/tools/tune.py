@@ -1,29 +1,32 @@
 """``mm-schedule-tune``: time every launch config of the kernels on this GPU and write the
-per-device config files that ``tuning.get_config`` reads.
+per-device config files that ``tuned_configs.get_config`` reads.
 
 For each kernel and shape (dtype, hidden, rows per launch) every config of the search
 space, plus the heuristic default, is
 
 1. planned through the kernel's public launcher with an explicit ``config=``,
 2. checked: one launch into a poisoned destination must match the torch reference bit
-   for bit (a config that is fast because it is wrong must never win),
-3. timed. On a GPU: one CUDA graph replays the launch over several distinct buffer sets
-   (together larger than L2 when memory allows), a scratch buffer larger than the
-   caches (L2 and AMD's Infinity Cache) is overwritten before every replay, and the
-   median replay time divided by the launches in it is kept; so every launch reads
-   cold memory and pays the graph's per-kernel cost, not Python's. Under
-   ``TRITON_INTERPRET=1`` on CPU (to test the tuner itself) there is no graph; wall
-   time per launch is taken instead, which says nothing about any GPU.
+   for bit (a config that is fast because it is wrong must never win). This first launch
+   also compiles the config; it happens for every config of a shape before any is timed
+   and does not count against ``--max-seconds``,
+3. timed (``timing.GpuTimer.graph_us``): one CUDA graph replays the launch over several
+   distinct buffer sets (together larger than L2 when memory allows), a scratch buffer
+   larger than the caches is overwritten before every replay, and the median replay time
+   divided by the launches in it is kept. Under ``TRITON_INTERPRET=1`` on CPU (to test
+   the tuner itself) wall time per launch is taken instead, which says nothing about any
+   GPU.
 
-The fastest config per shape goes to ``<out>/<kernel>/<device>.json``; point
-``MM_SCHEDULE_KERNEL_CONFIG_DIR`` at ``<out>`` to use them, or copy the files into
-``kernels/configs/`` to ship them. Example (and ``--help``)::
+The fastest config per shape goes to ``<out>/<kernel>/<device>.json``, rewritten after
+every shape, so a run that is stopped keeps every shape it finished. ``--max-seconds``
+caps the timed work (checked before every config); shapes not reached are listed in the
+report. Point ``MM_SCHEDULE_KERNEL_CONFIG_DIR`` at ``<out>`` to use the files, or copy
+them into ``kernels/configs/`` to ship them. Example (and ``--help``)::
 
     mm-schedule-tune --out tuned --quick
     TRITON_INTERPRET=1 mm-schedule-tune --shapes bfloat16:64:16 --configs 'BLOCK_M=4,8;BLOCK_H=64;num_warps=1;num_stages=1'
 
-This module holds the tuning loop, the file writer and the command line; the shapes and
-search space are in ``tuner_space``, the per-kernel cases and the timers in ``tuner_timing``.
+The shapes and search space are in ``space``, the per-kernel cases in ``cases``, the
+timers in ``timing``.
 """
 
 from __future__ import annotations
@@ -39,15 +42,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import KernelConfigError, KernelInputError
-from .backend import ENV_VAR as BACKEND_ENV
-from .backend import interpreter_enabled
-from .device_names import device_candidates, normalize_device_name
-from .launch_config import KERNEL_NAMES, heuristic_config
-
-# Callers and tests reach Shape, grid, prune, the parsers, the spaces and CASES as
-# ``tuner.<name>``: keep them imported here.
-from .tuner_space import (
+from ...errors import KernelConfigError, KernelInputError
+from ..backend import ENV_VAR as BACKEND_ENV
+from ..backend import interpreter_enabled, refresh_backend
+from ..device_names import device_candidates, normalize_device_name
+from ..launch_config import heuristic_config
+from ..registry import KERNEL_NAMES, kernel_entry
+from ..tuned_configs import CONFIG_DIR_ENV
+from .cases import buffer_sets
+from .space import (
     DEFAULT_DTYPES,
     DEFAULT_HIDDEN,
     DEFAULT_ROWS,
@@ -61,8 +64,7 @@ from .tuner_space import (
     parse_shapes,
     prune,
 )
-from .tuner_timing import CASES, GraphTimer, WallTimer, buffer_sets
-from .tuning import CONFIG_DIR_ENV
+from .timing import Budget, GpuTimer, cold_cache_bytes, wall_us_per_launch
 
 
 class TunerError(RuntimeError):
@@ -97,12 +99,17 @@ class ShapeResult:
         return next((t.us for t in self.timings if t.config == self.heuristic), None)
 
 
+SKIPPED = "skipped: time cap reached"
+
+
 @dataclass
 class TuningReport:
     device: str
     method: str
     results: list[ShapeResult]
     files: dict[str, Path]
+    not_reached: list[tuple[str, Shape]] = field(default_factory=list)
+    compile_s: float = 0.0  # first launches (compile + check), outside the time cap
 
     @property
     def wrong(self) -> list[tuple[str, Shape, Timing]]:
@@ -113,12 +120,30 @@ class TuningReport:
             if t.error and t.error.startswith("wrong result")
         ]
 
+    def timing_rows(self) -> list[dict]:
+        """Every timing and failure, one row each (what ``--timings`` writes)."""
+        return [
+            {
+                "kernel": r.kernel,
+                "dtype": r.shape.dtype,
+                "hidden": r.shape.hidden,
+                "n_rows": r.shape.n_rows,
+                "config": t.config,
+                "us": t.us,
+                "error": t.error,
+                "heuristic": t.config == r.heuristic,
+            }
+            for r in self.results
+            for t in r.timings
+        ]
+
 
 @contextlib.contextmanager
 def _forced_triton_backend():
     """The tuner times the Triton kernels, whatever the caller's backend choice."""
     previous = os.environ.get(BACKEND_ENV)
     os.environ[BACKEND_ENV] = "triton"
+    refresh_backend()
     try:
         yield
     finally:
@@ -126,6 +151,7 @@ def _forced_triton_backend():
             del os.environ[BACKEND_ENV]
         else:
             os.environ[BACKEND_ENV] = previous
+        refresh_backend()
 
 
 def _device():
@@ -163,49 +189,77 @@ def tune(
     warmup: int | None = None,
     flush_mib: int = 512,
     command: str = "",
+    budget: Budget | None = None,
+    timings_path: Path | None = None,
     log: Callable[[str], None] = lambda msg: None,
 ) -> TuningReport:
-    """Time the config space for every kernel and shape, write the winners to
-    ``out/<kernel>/<device>.json`` and return every timing."""
+    """Time the config space for every kernel and shape and return every timing. The
+    winners go to ``out/<kernel>/<device>.json`` (and every timing to ``timings_path``)
+    after each shape; ``budget`` stops the run between configs."""
     import torch
 
-    unknown = [k for k in kernels if k not in CASES]
-    if unknown:
-        raise TunerError(f"no tuning case for kernel(s) {unknown}; the tuner knows {sorted(CASES)}")
+    for kernel in kernels:
+        if kernel not in KERNEL_NAMES:
+            raise TunerError(f"no tuning case for kernel {kernel!r}; the tuner knows {KERNEL_NAMES}")
+    budget = budget or Budget()
     device = _device()
     device_name = (
         normalize_device_name(device_name) if device_name else device_candidates(device)[0]
     )
     on_gpu = device.type == "cuda"
+    reps = reps or (20 if on_gpu else 2)
+    warmup = (3 if on_gpu else 0) if warmup is None else warmup
     if on_gpu:
-        props = torch.cuda.get_device_properties(device)
-        cold_bytes = 2 * int(getattr(props, "L2_cache_size", 0) or 64 << 20)
-        timer = GraphTimer(device, reps or 20, 3 if warmup is None else warmup, flush_mib << 20)
+        gpu_timer = GpuTimer(device, flush_bytes=flush_mib << 20)
+        cold_bytes = 2 * cold_cache_bytes(device)
+
+        def measure(launches):
+            return gpu_timer.graph_us(launches, replays=reps, warmup=warmup)
+
+        method = "cuda-graph"
+        how = (
+            f"CUDA-graph replay of one launch per buffer set (sets totalling >= {cold_bytes >> 20}"
+            f" MiB where memory allows), {flush_mib} MiB scratch overwritten before each replay;"
+            f" median of {reps} replays after {warmup}"
+        )
     else:
         cold_bytes = 0
-        timer = WallTimer(reps or 2, 0 if warmup is None else warmup)
+
+        def measure(launches):
+            return wall_us_per_launch(launches, reps=reps, warmup=warmup)
+
+        method = "wall-clock (interpreter)"
+        how = (
+            f"TRITON_INTERPRET=1 on CPU, wall clock per launch over 2 sets; median of {reps}"
+            " rounds. Not a GPU measurement"
+        )
+    header = _header(device, device_name, how, command)
+    report = TuningReport(device=device_name, method=method, results=[], files={})
     warp_size = _warp_size(device)
-    results = []
+    todo = [(kernel, shape) for kernel in kernels for shape in shapes]
     with _forced_triton_backend():
-        for kernel in kernels:
-            for shape in shapes:
-                result = _tune_shape(
-                    kernel, shape, device, configs, quick, timer, cold_bytes, warp_size, item_rows
-                )
-                results.append(result)
-                log(_summary(result))
-                if on_gpu:
-                    torch.cuda.empty_cache()
-    sets_note = (
-        f"sets totalling >= {cold_bytes >> 20} MiB where memory allows" if on_gpu else "2 sets"
-    )
-    header = _header(device, device_name, timer.describe(sets_note), command)
-    files = _write_files(results, out, device_name, header)
-    return TuningReport(device=device_name, method=timer.method, results=results, files=files)
+        for index, (kernel, shape) in enumerate(todo):
+            if budget.exceeded():
+                report.not_reached = todo[index:]
+                log(f"time cap reached: {len(todo) - index} (kernel, shape) pairs not tuned")
+                break
+            result = _tune_shape(
+                kernel, shape, device, configs, quick, measure, budget, cold_bytes, warp_size,
+                item_rows,
+            )  # fmt: skip
+            report.results.append(result)
+            log(_summary(result))
+            report.files = _write_files(report.results, out, device_name, header)
+            if timings_path is not None:
+                _write_json(Path(timings_path), report.timing_rows())
+            if on_gpu:
+                torch.cuda.empty_cache()
+    report.compile_s = budget.untimed_s
+    return report
 
 
 def _tune_shape(
-    kernel, shape, device, configs, quick, timer, cold_bytes, warp_size, item_rows
+    kernel, shape, device, configs, quick, measure, budget, cold_bytes, warp_size, item_rows
 ) -> ShapeResult:
     import torch
 
@@ -218,23 +272,42 @@ def _tune_shape(
         configs = prune(space, shape, itemsize, warp_size)
     candidates = [heuristic] + [c for c in configs if c != heuristic]
     n_sets = buffer_sets(shape, itemsize, device, cold_bytes)
-    case = CASES[kernel](shape, device, n_sets, item_rows, seed=hash((kernel, shape)) & 0xFFFF)
+    case_class = kernel_entry(kernel).case_class()
+    case = case_class(shape, device, n_sets, item_rows, seed=hash((kernel, shape)) & 0xFFFF)
     result = ShapeResult(kernel=kernel, shape=shape, heuristic=heuristic)
-    for config in candidates:
-        timing = Timing(config=dict(config))
-        try:
-            timing.error = case.check(config)
-            if timing.error is None:
-                timing.us = timer([case.launcher(buffers, config) for buffers in case.sets])
-        except Exception as exc:  # a config the compiler or the GPU rejects only drops out
-            timing.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-        result.timings.append(timing)
+    result.timings = [Timing(config=dict(config)) for config in candidates]
+    # First launches compile; they all happen before any timing, outside the time cap.
+    with budget.untimed():
+        for timing in result.timings:
+            if budget.exceeded():
+                timing.error = SKIPPED
+                continue
+            timing.error = _attempt(lambda t=timing: case.check(t.config))
+    for timing in result.timings:
+        if timing.error is not None:
+            continue
+        if budget.exceeded():
+            timing.error = SKIPPED
+            continue
+        launches = [case.launcher(buffers, timing.config) for buffers in case.sets]
+        timing.error = _attempt(lambda t=timing, ls=launches: setattr(t, "us", measure(ls)))
     return result
 
 
+def _attempt(step) -> str | None:
+    """Run ``step``; a config the compiler or the GPU rejects only drops out."""
+    try:
+        return step()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
 def _summary(result: ShapeResult) -> str:
-    best, failed = result.best, sum(t.us is None for t in result.timings)
+    best, failed = result.best, sum(t.us is None and t.error != SKIPPED for t in result.timings)
+    skipped = sum(t.error == SKIPPED for t in result.timings)
     head = f"{result.kernel} {result.shape}: "
+    if best is None and skipped:
+        return head + f"not timed ({skipped} configs skipped at the time cap)"
     if best is None:
         return head + f"all {len(result.timings)} configs failed, e.g. {result.timings[0].error}"
     ratio = (
@@ -245,6 +318,7 @@ def _summary(result: ShapeResult) -> str:
     return (
         head
         + f"best {best.config} {best.us:.2f} us{ratio}; {len(result.timings)} configs, {failed} failed"
+        + (f", {skipped} skipped at the time cap" if skipped else "")
     )
 
 
@@ -290,12 +364,22 @@ def _write_files(
             continue
         doc = {"kernel": kernel, **header, "configs": configs, "timings_us": timings}
         path = Path(out) / kernel / f"{device_name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(_dump(doc) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        _replace_file(path, _dump(doc) + "\n")
         files[kernel] = path
     return files
+
+
+def _write_json(path: Path, obj) -> None:
+    _replace_file(path, json.dumps(obj, indent=1) + "\n")
+
+
+def _replace_file(path: Path, text: str) -> None:
+    """Write through a temporary file, so a reader (or a run killed mid-write) never sees
+    half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _nested(tree: dict, key: tuple[str, ...], value) -> None:
@@ -376,6 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--timings", help="also write every timing (and every failure) to this JSON file"
     )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        help="stop timing after this many seconds, compiles not counted (default: no cap);"
+        " files are written after every shape either way",
+    )
     return p
 
 
@@ -397,7 +487,9 @@ def run(argv: list[str] | None = None) -> TuningReport:
         raise KernelConfigError("--item-rows and --reps must be positive, --flush-mib not negative")
     if args.warmup is not None and args.warmup < 0:
         raise KernelConfigError("--warmup must not be negative")
-    report = tune(
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        raise KernelConfigError("--max-seconds must be positive")
+    return tune(
         kernels,
         shapes,
         configs=parse_config_space(args.configs) if args.configs else None,
@@ -409,25 +501,10 @@ def run(argv: list[str] | None = None) -> TuningReport:
         warmup=args.warmup,
         flush_mib=args.flush_mib,
         command=shlex.join(["mm-schedule-tune", *argv]),
+        budget=Budget(timed_s=args.max_seconds),
+        timings_path=Path(args.timings) if args.timings else None,
         log=lambda msg: print(msg, file=sys.stderr, flush=True),
     )
-    if args.timings:
-        rows = [
-            {
-                "kernel": r.kernel,
-                "dtype": r.shape.dtype,
-                "hidden": r.shape.hidden,
-                "n_rows": r.shape.n_rows,
-                "config": t.config,
-                "us": t.us,
-                "error": t.error,
-                "heuristic": t.config == r.heuristic,
-            }
-            for r in report.results
-            for t in r.timings
-        ]
-        Path(args.timings).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     if report.files:
         out = next(iter(report.files.values())).parent.parent
         print(f"use them with: export {CONFIG_DIR_ENV}={out.resolve()}")
-    failed = [r for r in report.results if r.best is None]
+    failed = [r for r in report.results if r.best is None and r.timings[0].error != SKIPPED]
+    for kernel, shape in report.not_reached:
+        print(f"not tuned (time cap): {kernel} {shape}", file=sys.stderr)
     for kernel, shape, timing in report.wrong:
         print(f"ERROR: {kernel} {shape} config {timing.config}: {timing.error}", file=sys.stderr)
     for r in failed:

@@ -1,7 +1,7 @@
 """Ahead-of-time compilation specs: what ``triton.compile`` needs to build each kernel
 without a GPU, for the AOT tests and the tuner.
 
-``kernel_functions()`` names every JIT function; ``aot_specs(kernel, ...)`` returns the
+``registry`` names every JIT function; ``aot_specs(kernel, ...)`` returns the
 signature, constexprs and divisibility attributes of each variant the launchers can pick
 for one (dtype, hidden, aligned, config): exactly the specialisation the JIT would make
 at run time, so the compiled code is the code that runs. Compile one with::
@@ -26,15 +26,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import KernelInputError
-from ._triton import TRITON_TYPE_NAMES, dtype_name, tl_dtype, vector_width
-from .launch_config import (
-    CONFIG_KEYS,
-    KERNEL_NAMES,
-    heuristic_config,
-    unaligned_config,
-    validate_config,
-)
+from ...errors import KernelInputError
+from ..dtypes import KERNEL_DTYPES, dtype_name, kernel_dtype, vector_width
+from ..launch_config import CONFIG_KEYS, heuristic_config, unaligned_config, validate_config
+from ..registry import KERNEL_NAMES, kernel_entry
 
 _DIVISIBLE = [["tt.divisibility", 16]]
 
@@ -55,19 +50,8 @@ class AotSpec:
         return ASTSource(self.fn, self.signature, self.constexprs, self.attrs)
 
 
-def kernel_functions() -> dict:
-    """Kernel name (as used by the tuning tables) -> Triton JIT function."""
-    from .embedding_merge import embedding_merge_kernel
-    from .gather import segment_copy_kernel
-
-    return {"segment_gather": segment_copy_kernel, "embedding_merge": embedding_merge_kernel}
-
-
 def _type(dtype) -> str:
-    name = dtype_name(dtype)
-    if name not in TRITON_TYPE_NAMES:
-        raise KernelInputError(f"no Triton kernel for dtype {dtype}")
-    return "*" + TRITON_TYPE_NAMES[name]
+    return "*" + kernel_dtype(dtype).short
 
 
 def _divisibility(fn, names) -> dict:
@@ -83,8 +67,9 @@ def aot_specs(
     ``aligned`` selects the 16-byte specialisation; it requires ``hidden`` to be a
     multiple of the vector width, as the launchers do.
     """
-    if kernel not in KERNEL_NAMES:
-        raise KernelInputError(f"unknown kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    from .._triton import tl_dtype
+
+    entry = kernel_entry(kernel)
     config = validate_config(config)
     if not aligned:
         config = unaligned_config(config)
@@ -94,9 +79,9 @@ def aot_specs(
         raise KernelInputError(
             f"hidden={hidden} is not a multiple of {vec}: no aligned variant exists"
         )
-    from .gather import SEG_BLOCK
+    from ..gather import SEG_BLOCK
 
-    fn = kernel_functions()[kernel]
+    fn = entry.jit()
     options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     if not aligned:
         vec = 1
@@ -158,7 +143,15 @@ def aot_specs(
     return specs
 
 
-# --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.aot``) ---
+def segment_gather_specs(**parameters) -> list[AotSpec]:
+    return aot_specs("segment_gather", **parameters)
+
+
+def placeholder_merge_specs(**parameters) -> list[AotSpec]:
+    return aot_specs("placeholder_merge", **parameters)
+
+
+# --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.tools.aot``) ---
 
 TARGETS = {
     "sm80": ("cuda", 80, 32),
@@ -240,10 +233,10 @@ def _find_configs(node, path=()):
 
 def shipped_configs(config_dir: Path | None = None) -> list[tuple[str, str, int, dict, str]]:
     """``(kernel, dtype name, hidden, config, file)`` for every distinct config in the
-    shipped JSON tables (``configs/<kernel>/*.json``, laid out as ``tuning.py`` describes:
+    shipped JSON tables (``configs/<kernel>/*.json``, laid out as ``tuned_configs.py`` describes:
     ``configs -> dtype -> hidden -> rows -> config``). The dtype and hidden size come
     from the keys above each config (bfloat16 and 4096 when they cannot be read)."""
-    config_dir = config_dir or Path(__file__).parent / "configs"
+    config_dir = config_dir or Path(__file__).resolve().parent.parent / "configs"
     found = {}
     for path in sorted(config_dir.glob("*/*.json")):
         kernel = path.parent.name
@@ -252,7 +245,7 @@ def shipped_configs(config_dir: Path | None = None) -> list[tuple[str, str, int,
         for keys, config in _find_configs(json.loads(path.read_text())):
             dtype, hidden = "bfloat16", 4096
             for i, key in enumerate(keys):
-                if key in TRITON_TYPE_NAMES:
+                if key in KERNEL_DTYPES:
                     dtype = key
                     if i + 1 < len(keys) and keys[i + 1].isdigit():
                         hidden = int(keys[i + 1])

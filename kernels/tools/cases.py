@@ -1,23 +1,19 @@
-"""How the tuner times one config: the per-kernel cases and the timers.
+"""What the tuner times per kernel: one *case* class each (``registry`` names them).
 
-A *case* owns the buffers for one (kernel, shape) on a device: several independent
+A case owns the buffers for one (kernel, shape) on a device: several independent
 input/output sets, a launcher per set and config that has done its host-side planning
 already, and a bit-exact check against the kernel's torch reference into poisoned
-output. A *timer* turns a list of such launchers into microseconds per launch:
-``GraphTimer`` replays them as one CUDA graph over cold caches on a GPU, ``WallTimer``
-takes wall time under ``TRITON_INTERPRET=1`` (which tests the tuner, not any GPU).
-torch and the kernels are imported on first use, never at import time.
+output. ``timing`` turns the launchers into microseconds. torch and the kernels are
+imported on first use, never at import time.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from .tuner_space import Shape
+from .space import Shape
 
 # More sets add graph-capture time and memory without making the caches any colder.
 MAX_BUFFER_SETS = 64
@@ -96,14 +92,14 @@ class GatherCase(Case):
         return sources, segments, out
 
     def launcher(self, buffers, config):
-        from .gather import plan_segments, run_segments
+        from ..gather import plan_segments, run_segments
 
         sources, segments, out = buffers
         plan = plan_segments(sources, segments, out, config=config)
         return lambda: run_segments(plan, out)
 
     def check(self, config):
-        from .gather import gather_segments_ref
+        from ..gather import gather_segments_ref
 
         sources, segments, out = self.sets[0]
         out.fill_(float("nan"))
@@ -116,7 +112,7 @@ class GatherCase(Case):
 
 
 class PlaceholderMergeCase(Case):
-    """``embedding_merge``: ``merge_by_placeholder_ids`` over a token sequence of items
+    """``placeholder_merge``: ``merge_by_placeholder_ids`` over a token sequence of items
     separated by runs of text tokens; ``n_rows`` counts all tokens, as the launcher does."""
 
     def make_set(self):
@@ -133,7 +129,7 @@ class PlaceholderMergeCase(Case):
         return ids, self.random(n_mm), self.random(self.shape.n_rows)
 
     def launcher(self, buffers, config):
-        from .embedding_merge import merge_by_placeholder_ids
+        from ..placeholder_merge import merge_by_placeholder_ids
 
         ids, embeddings, input_embeds = buffers
         return lambda: merge_by_placeholder_ids(
@@ -141,7 +137,7 @@ class PlaceholderMergeCase(Case):
         )
 
     def check(self, config):
-        from .embedding_merge import merge_by_placeholder_ids_ref
+        from ..placeholder_merge import merge_by_placeholder_ids_ref
 
         ids, embeddings, input_embeds = self.sets[0]
         input_embeds[ids == PLACEHOLDER_ID] = float("nan")
@@ -151,12 +147,6 @@ class PlaceholderMergeCase(Case):
         if not _same_bits(input_embeds, expected):
             return "wrong result: input_embeds differs from merge_by_placeholder_ids_ref"
         return None
-
-
-CASES: dict[str, type[Case]] = {
-    "segment_gather": GatherCase,
-    "embedding_merge": PlaceholderMergeCase,
-}
 
 
 def buffer_sets(shape: Shape, itemsize: int, device, cold_bytes: int) -> int:
@@ -169,74 +159,3 @@ def buffer_sets(shape: Shape, itemsize: int, device, cold_bytes: int) -> int:
         free, _ = torch.cuda.mem_get_info(device)
         wanted = min(wanted, max(1, free // 4 // per_set))
     return max(1, min(wanted, MAX_BUFFER_SETS))
-
-
-class GraphTimer:
-    """GPU timing: one CUDA graph holds a launch per buffer set, so a replay pays the
-    kernels' own cost and not Python's; a scratch buffer larger than the caches is
-    overwritten before each replay so no launch finds its inputs already cached."""
-
-    method = "cuda-graph"
-
-    def __init__(self, device, reps: int, warmup: int, flush_bytes: int):
-        import torch
-
-        self.reps, self.warmup = reps, warmup
-        self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=device)
-
-    def describe(self, n_sets_note: str) -> str:
-        return (
-            f"CUDA-graph replay of one launch per buffer set ({n_sets_note}), {self.flush.numel() >> 20} MiB"
-            f" scratch overwritten before each replay; median of {self.reps} replays after {self.warmup}"
-        )
-
-    def __call__(self, launches: list[Callable[[], None]]) -> float:
-        import torch
-
-        # Triton compiles and loads a kernel on its first launch, which a capture cannot record.
-        for launch in launches:
-            launch()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for launch in launches:
-                launch()
-        # Everything is queued before the one synchronize, so no host sync falls inside
-        # a timed interval; the flush runs before ``start`` and is not timed.
-        events = []
-        for _ in range(self.warmup + self.reps):
-            self.flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize()
-        times_ms = [s.elapsed_time(e) for s, e in events[self.warmup :]]
-        return statistics.median(times_ms) * 1000.0 / len(launches)
-
-
-class WallTimer:
-    """Interpreter timing, to exercise the tuner on CPU: there is no graph to replay and
-    no cache worth flushing, so it takes the wall time of plain launches."""
-
-    method = "wall-clock (interpreter)"
-
-    def __init__(self, reps: int, warmup: int):
-        self.reps, self.warmup = reps, warmup
-
-    def describe(self, n_sets_note: str) -> str:
-        return (
-            f"TRITON_INTERPRET=1 on CPU, wall clock per launch over {n_sets_note}; median of"
-            f" {self.reps} rounds. Not a GPU measurement"
-        )
-
-    def __call__(self, launches: list[Callable[[], None]]) -> float:
-        rounds = []
-        for i in range(self.warmup + self.reps):
-            start = time.perf_counter()
-            for launch in launches:
-                launch()
-            if i >= self.warmup:
-                rounds.append(time.perf_counter() - start)
-        return statistics.median(rounds) * 1e6 / len(launches)

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mm_schedule.errors import KernelConfigError, KernelInputError
-from mm_schedule.kernels import tuning
+from mm_schedule.kernels import tuned_configs
 from mm_schedule.kernels.launch_config import heuristic_config
-from mm_schedule.kernels.tuning import CONFIG_DIR_ENV, get_config, iter_configs, nearest_key
+from mm_schedule.kernels.tuned_configs import CONFIG_DIR_ENV, get_config, iter_configs, nearest_key
 
 POW2 = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
@@ -56,10 +56,10 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.delenv(CONFIG_DIR_ENV, raising=False)
     shipped = tmp_path / "shipped"
     shipped.mkdir()
-    monkeypatch.setattr(tuning, "SHIPPED_CONFIG_DIR", shipped)
-    tuning.clear_cache()
+    monkeypatch.setattr(tuned_configs, "SHIPPED_CONFIG_DIR", shipped)
+    tuned_configs.clear_cache()
     yield shipped
-    tuning.clear_cache()
+    tuned_configs.clear_cache()
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_missing_dtype_uses_heuristic_and_logs_once(override, rng, caplog):
     write_table(
         override, "segment_gather", "cpu", {"bfloat16": {"4096": {"256": random_config(rng)}}}
     )
-    caplog.set_level(logging.INFO, logger="mm_schedule.kernels.tuning")
+    caplog.set_level(logging.INFO, logger="mm_schedule.kernels.tuned_configs")
     got = lookup(dtype=torch.float32, n_rows=300)
     assert got == heuristic_config("segment_gather", dtype=torch.float32, hidden=4096, n_rows=300)
     assert (
@@ -142,13 +142,13 @@ def test_missing_dtype_uses_heuristic_and_logs_once(override, rng, caplog):
     misses = [r for r in caplog.records if "heuristic" in r.getMessage()]
     assert len(misses) == 1
     assert "segment_gather on cpu" in misses[0].getMessage() and "float32" in misses[0].getMessage()
-    lookup(kernel="embedding_merge")  # another kernel: its own message
+    lookup(kernel="placeholder_merge")  # another kernel: its own message
     assert len([r for r in caplog.records if "heuristic" in r.getMessage()]) == 2
 
 
 def test_no_file_warns_on_a_gpu_name(monkeypatch, caplog):
-    monkeypatch.setattr(tuning, "device_candidates", lambda device: ("NVIDIA_H200", "sm_90"))
-    caplog.set_level(logging.INFO, logger="mm_schedule.kernels.tuning")
+    monkeypatch.setattr(tuned_configs, "device_candidates", lambda device: ("NVIDIA_H200", "sm_90"))
+    caplog.set_level(logging.INFO, logger="mm_schedule.kernels.tuned_configs")
     got = lookup(device=None, n_rows=8192)
     assert got == heuristic_config("segment_gather", dtype=torch.bfloat16, hidden=4096, n_rows=8192)
     (record,) = caplog.records
@@ -161,11 +161,11 @@ def test_override_folder_wins_over_shipped(isolated, override, rng):
     while override_cfg == shipped_cfg:
         override_cfg = random_config(rng)
     write_table(isolated, "segment_gather", "cpu", {"bfloat16": {"4096": {"256": shipped_cfg}}})
-    write_table(isolated, "embedding_merge", "cpu", {"bfloat16": {"4096": {"256": shipped_cfg}}})
+    write_table(isolated, "placeholder_merge", "cpu", {"bfloat16": {"4096": {"256": shipped_cfg}}})
     write_table(override, "segment_gather", "cpu", {"bfloat16": {"4096": {"256": override_cfg}}})
     assert lookup() == override_cfg
     # No override file for this kernel: the shipped one still serves.
-    assert lookup(kernel="embedding_merge") == shipped_cfg
+    assert lookup(kernel="placeholder_merge") == shipped_cfg
 
 
 def test_shipped_folder_without_override(isolated, rng):
@@ -178,14 +178,14 @@ def test_shipped_folder_without_override(isolated, rng):
 def test_product_file_before_arch_file(isolated, monkeypatch, rng):
     product, arch = random_config(rng), random_config(rng)
     monkeypatch.setattr(
-        tuning, "device_candidates", lambda device: ("AMD_Instinct_MI300X", "gfx942")
+        tuned_configs, "device_candidates", lambda device: ("AMD_Instinct_MI300X", "gfx942")
     )
     write_table(isolated, "segment_gather", "gfx942", {"bfloat16": {"4096": {"256": arch}}})
     assert lookup(device=None) == arch  # the family fallback
     write_table(
         isolated, "segment_gather", "AMD_Instinct_MI300X", {"bfloat16": {"4096": {"256": product}}}
     )
-    tuning.clear_cache()
+    tuned_configs.clear_cache()
     assert lookup(device=None) == product
 
 
@@ -199,7 +199,7 @@ def test_files_are_read_once_and_answers_are_fresh_dicts(override, rng):
         json.dumps(table_doc("segment_gather", {"bfloat16": {"4096": {"256": second}}}))
     )
     assert lookup(n_rows=300) == first  # not re-read
-    tuning.clear_cache()
+    tuned_configs.clear_cache()
     assert lookup(n_rows=300) == second
 
 
@@ -284,7 +284,7 @@ MALFORMED = [
     (
         json.dumps(
             table_doc(
-                "embedding_merge",
+                "placeholder_merge",
                 {
                     "bfloat16": {
                         "64": {"16": {"BLOCK_M": 4, "BLOCK_H": 64, "num_warps": 4, "num_stages": 1}}
@@ -332,7 +332,7 @@ def test_other_triton_version_warns(override, rng, caplog):
         {"bfloat16": {"4096": {"256": cfg}}},
         triton_version="2.1.0",
     )
-    caplog.set_level(logging.WARNING, logger="mm_schedule.kernels.tuning")
+    caplog.set_level(logging.WARNING, logger="mm_schedule.kernels.tuned_configs")
     assert lookup() == cfg
     assert any(str(path) in r.getMessage() and "2.1.0" in r.getMessage() for r in caplog.records)
 
@@ -340,10 +340,10 @@ def test_other_triton_version_warns(override, rng, caplog):
 def test_iter_configs_lists_every_entry(override, rng):
     a, b, c = (random_config(rng) for _ in range(3))
     write_table(override, "segment_gather", "cpu", {"bfloat16": {"4096": {"16": a, "256": b}}})
-    write_table(override, "embedding_merge", "gfx942", {"float32": {"1024": {"8": c}}})
+    write_table(override, "placeholder_merge", "gfx942", {"float32": {"1024": {"8": c}}})
     got = sorted(iter_configs(override), key=lambda e: (e[0], e[4]))
     assert got == [
-        ("embedding_merge", "gfx942", "float32", 1024, 8, c),
+        ("placeholder_merge", "gfx942", "float32", 1024, 8, c),
         ("segment_gather", "cpu", "bfloat16", 4096, 16, a),
         ("segment_gather", "cpu", "bfloat16", 4096, 256, b),
     ]
@@ -352,15 +352,15 @@ def test_iter_configs_lists_every_entry(override, rng):
 def test_shipped_configs_parse():
     """Whatever is shipped (possibly nothing) must load."""
     for kernel, _device, _dtype, _hidden, _rows, config in iter_configs(
-        tuning.Path(tuning.__file__).parent / "configs"
+        tuned_configs.Path(tuned_configs.__file__).parent / "configs"
     ):
-        assert kernel in ("segment_gather", "embedding_merge")
+        assert kernel in ("segment_gather", "placeholder_merge")
         assert set(config) == {"BLOCK_M", "BLOCK_H", "num_warps", "num_stages"}
 
 
 def test_importing_lookup_and_tuner_loads_neither_torch_nor_triton():
     code = (
-        "import sys, mm_schedule.kernels.tuning, mm_schedule.kernels.tuner, mm_schedule.kernels.device_names;"
+        "import sys, mm_schedule.kernels.tuned_configs, mm_schedule.kernels.tools.tune, mm_schedule.kernels.tools.aot, mm_schedule.kernels.device_names;"
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,10 +12,10 @@ import itertools
 import json
 from dataclasses import dataclass
 
-from ..errors import KernelConfigError, KernelInputError
-from .launch_config import CONFIG_KEYS, validate_config
+from ...errors import KernelConfigError, KernelInputError
+from ..dtypes import SUPPORTED_DTYPES as DTYPES
+from ..launch_config import CONFIG_KEYS, validate_config
 
-DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_DTYPES = ("bfloat16", "float16")
 # Language-model hidden sizes of common VLMs (SigLIP-sized Gemma up to 70B-class).
 DEFAULT_HIDDEN = (1152, 2048, 2560, 3584, 4096, 5120, 8192)

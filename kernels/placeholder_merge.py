@@ -39,13 +39,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import EmbeddingLengthMismatch, KernelInputError
-from ._triton import HAS_TRITON, cast_to, tl, triton, vector_width
+from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
-from .gather import SUPPORTED_DTYPES
+from .dtypes import SUPPORTED_DTYPES, vector_width
 from .launch_config import resolve_config, unaligned_config
 from .streams import layer
 
-KERNEL_NAME = "embedding_merge"
+KERNEL_NAME = "placeholder_merge"
 
 if HAS_TRITON:
 

@@ -41,7 +41,9 @@ from pathlib import Path
 
 from ..errors import KernelConfigError, KernelInputError
 from .device_names import device_candidates
-from .launch_config import CONFIG_KEYS, KERNEL_NAMES, heuristic_config, validate_config
+from .dtypes import dtype_name
+from .launch_config import CONFIG_KEYS, heuristic_config, validate_config
+from .registry import KERNEL_NAMES, kernel_entry
 
 CONFIG_DIR_ENV = "MM_SCHEDULE_KERNEL_CONFIG_DIR"
 SHIPPED_CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -82,11 +84,6 @@ def nearest_key(keys, value: int) -> int:
     return min(keys, key=lambda k: (abs(math.log2(k) - target), -k))
 
 
-def dtype_name(dtype) -> str:
-    """``torch.bfloat16`` or ``"bfloat16"`` (or ``"torch.bfloat16"``) -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
-
-
 def config_dirs() -> tuple[Path, ...]:
     """Folders searched, highest priority first."""
     return _config_dirs(os.environ.get(CONFIG_DIR_ENV, "").strip())
@@ -108,8 +105,7 @@ def get_config(kernel: str, *, dtype, hidden: int, n_rows: int, device=None) -> 
     """The launch config for ``kernel`` on ``device`` (default: the current GPU) for rows of
     ``hidden`` elements of ``dtype`` and ``n_rows`` rows in the launch. Returns a new dict
     with exactly ``launch_config.CONFIG_KEYS``."""
-    if kernel not in KERNEL_NAMES:
-        raise KernelInputError(f"unknown kernel {kernel!r}; expected one of {KERNEL_NAMES}")
+    kernel_entry(kernel)
     if not isinstance(hidden, int) or hidden <= 0:
         raise KernelInputError(f"hidden must be a positive int, got {hidden!r}")
     if not isinstance(n_rows, int) or n_rows < 0:

@@ -1,0 +1,78 @@
+"""Every kernel in one table: its name, where its code lives, and what the tooling needs.
+
+The name is the key of the tuned config tables (``configs/<name>/<device>.json``) and of
+``launch_config.get_config``. Everything else is named by dotted path and imported on
+first use, so reading this table loads neither torch, triton, nor the tooling in
+``tools/`` (which the runtime never imports).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from ..errors import KernelInputError
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    name: str
+    module: str  # runtime module: the JIT function, its launchers and the torch reference
+    jit_function: str
+    launchers: tuple[str, ...]  # public entry points that run the kernel
+    reference: str  # plain-torch reference in ``module``: the CPU fallback and test oracle
+    rows: str  # what ``n_rows`` in a config lookup counts for this kernel
+    aot_specs: str  # ``tools.aot`` function listing the compile-time variants
+    tuning_case: str  # ``tools.cases`` class timed by the tuner
+
+    def jit(self):
+        """The ``@triton.jit`` function (imports torch and triton)."""
+        return _resolve(f"{self.module}:{self.jit_function}")
+
+    def spec_builder(self):
+        return _resolve(self.aot_specs)
+
+    def case_class(self):
+        return _resolve(self.tuning_case)
+
+
+def _resolve(path: str):
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(f".{module}", __package__), attr)
+
+
+KERNELS = {
+    entry.name: entry
+    for entry in (
+        KernelEntry(
+            name="segment_gather",
+            module="gather",
+            jit_function="segment_copy_kernel",
+            launchers=("plan_segments", "run_segments", "gather_segments", "merge_segments"),
+            reference="gather_segments_ref",
+            rows="rows in the segment table; the dtype is the destination's",
+            aot_specs="tools.aot:segment_gather_specs",
+            tuning_case="tools.cases:GatherCase",
+        ),
+        KernelEntry(
+            name="placeholder_merge",
+            module="placeholder_merge",
+            jit_function="embedding_merge_kernel",
+            launchers=("merge_by_placeholder_ids", "embed_with_placeholders"),
+            reference="merge_by_placeholder_ids_ref",
+            rows="tokens in input_ids; the dtype is the output's",
+            aot_specs="tools.aot:placeholder_merge_specs",
+            tuning_case="tools.cases:PlaceholderMergeCase",
+        ),
+    )
+}
+KERNEL_NAMES = tuple(KERNELS)
+
+
+def kernel_entry(name: str) -> KernelEntry:
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KernelInputError(
+            f"unknown kernel {name!r}; expected one of {KERNEL_NAMES}"
+        ) from None

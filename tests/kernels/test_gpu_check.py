@@ -1,0 +1,143 @@
+"""The GPU check script, run whole on the CPU (interpreter, tiny sizes), and its time caps."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mm_schedule.kernels import tuned_configs
+from mm_schedule.kernels.launch_config import heuristic_config
+from mm_schedule.kernels.tools import cases, tune
+from mm_schedule.kernels.tools.space import Shape, parse_config_space
+from mm_schedule.kernels.tools.timing import Budget
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="runs the kernels through the Triton interpreter",
+)
+
+TINY = parse_config_space("BLOCK_M=4;BLOCK_H=64;num_warps=1;num_stages=1")
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env.pop("MM_SCHEDULE_KERNEL_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(out)],
+        cwd=out, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return out, done
+
+
+def test_dry_run_runs_every_step_and_writes_every_file(dry_run):
+    out, done = dry_run
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
+        ("tests", "ok"), ("tune", "ok"), ("bench", "ok"),
+    ]  # fmt: skip
+    assert summary["exit_status"] == 0 and summary["environment"]["torch"] == torch.__version__
+    # The tuner's file is in the format the lookup reads.
+    table = tuned_configs.load_table(out / "tuned" / "segment_gather" / "cpu.json")
+    heuristic = heuristic_config("segment_gather", dtype=torch.bfloat16, hidden=64, n_rows=16)
+    assert table.configs["bfloat16"][64][16] in (TINY[0], heuristic)
+    assert summary["tuner"] and "best" in summary["tuner"][0]["msg"]
+    # The benchmark ran our Triton kernel (interpreted), bit-exact on every path.
+    bench = json.loads((out / "kernels_cpu-smoke.json").read_text())
+    assert bench["records"] and all(r["bit_exact"] for r in bench["records"])
+    assert any("backend=triton" in note for note in bench["notes"]), bench["notes"]
+    log = (out / "gpu_check.log").read_text()
+    for line in ("== tests", "== tune", "== bench", "gpu_check summary", "-m gpu"):
+        assert line in log
+
+
+def test_a_run_out_of_time_says_so_and_fails(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(tmp_path),
+         "--budget-s", "6", "--skip", "tests"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:]
+    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert steps[0]["status"] == "skipped"
+    assert {s["status"] for s in steps[1:]} == {"timed out"}
+
+
+def test_no_gpu_without_dry_run_exits_2(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--out", str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "no GPU" in done.stdout
+
+
+class _CapAfter(Budget):
+    """Exceeded once ``limit`` checks have been made: a time cap without timing anything."""
+
+    def __init__(self, limit):
+        super().__init__()
+        self.checks, self.limit = 0, limit
+
+    def exceeded(self):
+        self.checks += 1
+        return self.checks > self.limit
+
+
+@pytest.fixture
+def no_shipped(monkeypatch, tmp_path):
+    monkeypatch.setattr(tuned_configs, "SHIPPED_CONFIG_DIR", tmp_path / "nothing_shipped")
+    tuned_configs.clear_cache()
+    yield
+    tuned_configs.clear_cache()
+
+
+def test_tuner_writes_after_every_shape(tmp_path, monkeypatch, no_shipped):
+    class DiesOnSecondShape(cases.GatherCase):
+        def __init__(self, shape, *rest, **kw):
+            if shape.n_rows == 20:
+                raise KeyboardInterrupt("killed during the second shape")
+            super().__init__(shape, *rest, **kw)
+
+    monkeypatch.setattr(cases, "GatherCase", DiesOnSecondShape)
+    timings = tmp_path / "timings.json"
+    with pytest.raises(KeyboardInterrupt):
+        tune.tune(["segment_gather"], [Shape("float32", 32, 12), Shape("float32", 32, 20)],
+                  configs=TINY, out=tmp_path, item_rows=8, reps=1, timings_path=timings)  # fmt: skip
+    doc = json.loads((tmp_path / "segment_gather" / "cpu.json").read_text())
+    assert list(doc["configs"]["float32"]["32"]) == ["12"]
+    assert {row["n_rows"] for row in json.loads(timings.read_text())} == {12}
+
+
+def test_tuner_stops_between_configs_and_keeps_what_it_timed(tmp_path, no_shipped):
+    shapes = [Shape("float32", 32, 12), Shape("float32", 32, 20)]
+    space = parse_config_space("BLOCK_M=4,16;BLOCK_H=32,64;num_warps=1;num_stages=1")
+    # 5 candidates: 5 checks before the compile phase of shape 1, then 5 before timing;
+    # the budget runs out after the first two configs are timed.
+    budget = _CapAfter(1 + 5 + 2)
+    report = tune.tune(["segment_gather"], shapes, configs=space, out=tmp_path, item_rows=8, reps=1,
+                       budget=budget)  # fmt: skip
+    (result,) = report.results
+    timed = [t for t in result.timings if t.us is not None]
+    assert len(timed) == 2
+    assert all(t.error == tune.SKIPPED for t in result.timings if t.us is None)
+    assert report.not_reached == [("segment_gather", shapes[1])]
+    doc = json.loads((tmp_path / "segment_gather" / "cpu.json").read_text())
+    assert doc["configs"]["float32"]["32"]["12"] == min(timed, key=lambda t: t.us).config
+
+
+def test_compiles_are_not_charged_to_the_cap():
+    budget = Budget(timed_s=0.05)
+    with budget.untimed():
+        time.sleep(0.2)
+    assert not budget.exceeded()
+    time.sleep(0.06)
+    assert budget.exceeded()
+    assert Budget(hard_deadline=time.monotonic() - 1).exceeded()
