@@ -33,10 +33,10 @@ from struct import Struct
 
 import torch
 
-from .segments import Segment
+from .segments import SEGMENT_FIELDS, Segment
 
 HEADER_WORDS = 1
-SEGMENT_WORDS = 4
+SEGMENT_WORDS = SEGMENT_FIELDS
 
 
 def table_words(segments: Sequence[Segment], addresses: Sequence[int]) -> array:
