@@ -291,3 +291,16 @@ def test_trusted_launch_matches_the_reference(triton_backend, helpers, n_segment
     launch_trusted(sources, segments, out)
     gather_segments_ref(sources, segments, expected)
     helpers.assert_bitwise_equal(out, expected)
+
+
+def test_a_plan_never_holds_more_tiles_than_its_capacity(triton_backend, helpers):
+    sources = [helpers.random_rows(9, 64, torch.float16)]
+    dest = helpers.poisoned((20, 64), torch.float16)
+    config = {**SMALL, "BLOCK_M": 2}
+    with pytest.raises(KernelInputError, match=r"5 tiles .* capacity of 4"):
+        plan_segments(sources, [(0, 0, 9, 0)], dest, config=config, capacity=4)
+    plan = plan_segments(sources, [(0, 0, 8, 0)], dest, config=config, capacity=4)
+    with pytest.raises(KernelInputError, match="capacity"):
+        plan.update(sources, [(0, 0, 9, 0)])
+    run_segments(plan, dest)  # the failed update left the plan as it was
+    assert torch.equal(dest[:8], sources[0][:8]) and dest[8:].isnan().all()
