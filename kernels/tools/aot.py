@@ -193,15 +193,23 @@ def _amd_spill_bytes(amdgcn: str) -> int:
     return sum(int(n) for n in counts)
 
 
-def compile_spec(spec: AotSpec, target: str) -> dict:
-    """Compile one spec for a named target and report what the AOT tests check."""
+def compile_for(spec: AotSpec, target: str):
+    """``triton.compile`` of one spec for a named target (``TARGETS``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
+    return triton.compile(spec.source(), target=GPUTarget(*TARGETS[target]), options=spec.options)
+
+
+def assembly(compiled) -> str:
+    """The PTX of an NVIDIA compile, the AMDGCN of an AMD one."""
+    return compiled.asm["ptx"] if "ptx" in compiled.asm else compiled.asm["amdgcn"]
+
+
+def compile_spec(spec: AotSpec, target: str) -> dict:
+    """Compile one spec for a named target and report what the AOT tests check."""
     start = time.perf_counter()
-    compiled = triton.compile(
-        spec.source(), target=GPUTarget(*TARGETS[target]), options=spec.options
-    )
+    compiled = compile_for(spec, target)
     seconds = time.perf_counter() - start
     if "ptx" in compiled.asm:
         text = compiled.asm["ptx"]
