@@ -3,37 +3,73 @@
 ``kernel[grid](*args, **constexprs)`` re-derives the specialisation of every argument
 (types, alignment, constexpr values) and hashes it on each call: several microseconds,
 more than the copy of one image on a current GPU. The launchers already know the
-specialisation (they chose it), so ``LaunchCache`` keeps the ``CompiledKernel`` the first
-JIT launch returned under the launcher's own key and launches it directly afterwards.
+specialisation (they chose it), so a ``LaunchSpec`` — the constexprs and options of one
+launch shape, built once — keeps the ``CompiledKernel`` that its first JIT launch
+returned, per pointer-alignment class, and afterwards calls that kernel's launcher the
+way ``CompiledKernel.__getitem__`` does (Triton 3.3 to 3.9), hooks included.
 
-The key must name everything Triton specialises on; the launchers build it from the
-destination dtype and alignment, the constexprs, the launch options and the device.
-If the installed Triton launches compiled kernels differently (``TypeError`` from the
-direct call), the cache turns itself off and every launch goes through the JIT.
-Under ``TRITON_INTERPRET=1`` the JIT returns no compiled kernel and nothing is cached.
+A spec names everything Triton specialises on except pointer alignment, which the
+caller passes as ``aligned`` (Triton specialises pointers on 16-byte alignment). If the
+installed Triton's compiled kernels take their arguments differently (a ``TypeError`` or
+``AttributeError`` from the direct call, raised before anything is launched), direct
+launches are turned off for the process and every launch goes through the JIT. Under
+``TRITON_INTERPRET=1`` the JIT returns no compiled kernel and nothing is kept.
 """
 
 from __future__ import annotations
 
+import functools
 
-class LaunchCache:
-    def __init__(self, jit_fn):
+
+class LaunchSpec:
+    __slots__ = ("constexprs", "handles", "jit_fn", "options")
+
+    def __init__(self, jit_fn, constexprs: dict, options: dict):
         self.jit_fn = jit_fn
-        self.compiled: dict = {}
-        self.enabled = True
+        self.constexprs = constexprs
+        self.options = options
+        self.handles: dict = {}
 
-    def clear(self) -> None:
-        self.compiled.clear()
-
-    def launch(self, key, grid: int, args: tuple, constexprs: dict, options: dict, stream) -> None:
-        handle = self.compiled.get(key) if self.enabled else None
-        if handle is not None:
+    def launch(self, grid: int, args: tuple, aligned: tuple, stream) -> None:
+        """Launch ``grid`` programs on ``stream`` (a raw stream handle; ``None``: Triton's
+        current stream). ``args`` are the non-constexpr arguments in declaration order,
+        with the constexprs declared after them."""
+        handle = self.handles.get(aligned)
+        if handle is not None and _direct_launches[0]:
             try:
-                handle[(grid, 1, 1)](*args, *constexprs.values(), stream=stream)
+                _direct(handle, grid, (*args, *self.constexprs.values()), stream)
                 return
-            except TypeError:
-                self.enabled = False
-                self.compiled.clear()
-        compiled = self.jit_fn[(grid,)](*args, **constexprs, **options)
-        if self.enabled and hasattr(compiled, "packed_metadata"):
-            self.compiled[key] = compiled
+            except (TypeError, AttributeError):
+                _direct_launches[0] = False
+        compiled = self.jit_fn[(grid,)](*args, **self.constexprs, **self.options)
+        if hasattr(compiled, "packed_metadata"):
+            self.handles[aligned] = compiled
+
+
+_direct_launches = [True]
+
+
+def _direct(handle, grid: int, args: tuple, stream) -> None:
+    knobs, driver = _triton_runtime()
+    if stream is None:
+        stream = driver.active.get_current_stream(driver.active.get_current_device())
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _has_hooks(enter) or _has_hooks(leave):
+        metadata = handle.launch_metadata((grid, 1, 1), stream, *args)
+    else:
+        # Nothing listens: skip building the metadata Triton would hand to no one.
+        metadata = enter = leave = None
+    handle.run(grid, 1, 1, stream, handle.function, handle.packed_metadata, metadata, enter, leave, *args)
+
+
+def _has_hooks(hook) -> bool:
+    # Triton 3.9 keeps hooks in a HookChain (never None); older versions use None.
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+@functools.cache
+def _triton_runtime():
+    from triton import knobs
+    from triton.runtime import driver
+
+    return knobs, driver

@@ -33,18 +33,20 @@ Three ways in, one launch:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache, reduce
-from operator import itemgetter, or_
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
 
 from ..errors import GraphCaptureError, KernelInputError, SourceOverlapError
 from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
-from .fast_launch import LaunchCache
+from .fast_launch import LaunchSpec
 from .launch_config import resolve_config, unaligned_config
 from .segments import Segment, check_segments, check_tensors, total_rows
 from .streams import layer
-from .table import count_tiles, grid_bound, table_size, table_words, upload
+from .table import build_table, count_tiles, grid_bound, table_size, table_words, upload
 
 KERNEL_NAME = "segment_gather"
 SEG_BLOCK = 64  # table entries each program scans per step while finding its segment
@@ -143,10 +145,8 @@ if HAS_TRITON:
         else:
             _copy_tile(src_rows, dst_rows, hidden, n_rows, True, True, BLOCK_M, BLOCK_H)
 
-    _launches = LaunchCache(segment_copy_kernel)
 else:
     segment_copy_kernel = None
-    _launches = None
 
 
 def gather_segments_ref(sources: Sequence, segments: Sequence[Segment], out) -> None:
@@ -158,97 +158,100 @@ def gather_segments_ref(sources: Sequence, segments: Sequence[Segment], out) -> 
 # --- the launch shared by every way in -------------------------------------------------
 
 
+class _Launch(NamedTuple):
+    spec: LaunchSpec
+    block_m: int
+    vec: int
+
+
 @lru_cache(maxsize=4096)
-def _launch_config(dtype, hidden: int, n_rows: int, device, config_items):
+def _launch_for(device, dtype, src_dtype, hidden: int, n_rows: int, vec: int, one: bool, config_items):
+    """Everything about a launch that follows from its shape, resolved once per shape."""
     config = dict(config_items) if config_items is not None else None
-    return resolve_config(
+    cfg = resolve_config(
         KERNEL_NAME, dtype=dtype, hidden=hidden, n_rows=max(n_rows, 1), device=device, config=config
     )
+    return _make_launch(src_dtype, hidden, vec, one, cfg)
+
+
+def _make_launch(src_dtype, hidden, vec, one, cfg) -> _Launch:
+    if vec == 1:
+        cfg = unaligned_config(cfg)
+    constexprs = {
+        "SRC_DTYPE": tl_dtype(src_dtype),
+        "BLOCK_M": cfg["BLOCK_M"],
+        "BLOCK_H": cfg["BLOCK_H"],
+        "VEC": vec,
+        "EVEN_H": hidden % cfg["BLOCK_H"] == 0,
+        "ONE_SEGMENT": one,
+        "SEG_BLOCK": SEG_BLOCK,
+    }
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    return _Launch(LaunchSpec(segment_copy_kernel, constexprs, options), cfg["BLOCK_M"], vec)
 
 
 def clear_caches() -> None:
     """Forget resolved configs and compiled-kernel handles (after new tuning files)."""
-    _launch_config.cache_clear()
-    if _launches is not None:
-        _launches.clear()
+    _launch_for.cache_clear()
 
 
-def _config(dest, n_rows: int, config: dict | None) -> dict:
-    items = None if config is None else tuple(sorted(config.items()))
-    return _launch_config(dest.dtype, dest.shape[1], n_rows, dest.device, items)
-
-
-def _launch(dest, src_dtype, cfg, vec, grid, table, one, stream) -> None:
+def _launch(launch: _Launch, dest, grid, table, one, stream) -> None:
     """One launch of ``segment_copy_kernel``; ``one`` is ``(address, dst_row, rows)`` or None."""
-    hidden = dest.shape[1]
-    if vec == 1:
-        cfg = unaligned_config(cfg)
-    block_m, block_h = cfg["BLOCK_M"], cfg["BLOCK_H"]
-    constexprs = {
-        "SRC_DTYPE": tl_dtype(src_dtype),
-        "BLOCK_M": block_m,
-        "BLOCK_H": block_h,
-        "VEC": vec,
-        "EVEN_H": hidden % block_h == 0,
-        "ONE_SEGMENT": one is not None,
-        "SEG_BLOCK": SEG_BLOCK,
-    }
-    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    seg_src, seg_dst_row, seg_rows = one if one is not None else (0, 0, 0)
-    key = (
-        dest.device,
-        dest.dtype,
-        dest.data_ptr() % 16 == 0,
-        None if table is None else table.data_ptr() % 16 == 0,
-        *constexprs.values(),
-        *options.values(),
-    )
-    args = (table, dest, hidden // vec, seg_src, seg_dst_row, seg_rows)
-    _launches.launch(key, grid, args, constexprs, options, stream)
+    if table is None:
+        args = (None, dest, dest.shape[1] // launch.vec, *one)
+        aligned = (dest.data_ptr() % 16 == 0, None)
+    else:
+        args = (table, dest, dest.shape[1] // launch.vec, 0, 0, 0)
+        aligned = (dest.data_ptr() % 16 == 0, table.data_ptr() % 16 == 0)
+    launch.spec.launch(grid, args, aligned, stream)
 
 
-def launch_segments(sources: Sequence, segments: Sequence, dest, config: dict | None = None) -> None:
+def launch_segments(
+    sources: Sequence, segments: Sequence, dest, config: dict | None = None, *, refuse_capture=False
+) -> None:
     """Stage and launch a table that is already known to be valid (no checks here).
 
     Runs under ``dest``'s device; the table is uploaded on that device's current stream
-    and the kernel launched right after it on the same stream.
+    and the kernel launched right after it on the same stream. ``refuse_capture``: raise
+    ``GraphCaptureError`` instead of staging a table while a CUDA graph is captured.
     """
     if not segments:
         return
-    hidden = dest.shape[1]
-    row_bytes = hidden * sources[0].element_size()
-    vec = vector_width(dest.element_size(), sources[0].element_size())
+    n_dest, hidden = dest.shape
+    first = sources[0]
+    itemsize = first.element_size()
+    vec = 16 // min(dest.element_size(), itemsize)
     even_rows = hidden % vec == 0 and dest.data_ptr() % 16 == 0
+    config_items = None if config is None else tuple(sorted(config.items()))
     device = dest.device
     streams = layer(device)
     with streams.guard(device):
-        stream = streams.current(device)
+        stream = streams.raw(streams.current(device))
         if len(segments) == 1:
+            # One segment travels as launch arguments: no table, nothing staged.
             source, src_row, n_rows, dst_row = segments[0]
-            address = sources[source].data_ptr() + src_row * row_bytes
+            address = sources[source].data_ptr() + src_row * hidden * itemsize
             if not (even_rows and address % 16 == 0):
                 vec = 1
-            cfg = _config(dest, n_rows, config)
-            grid = -(-n_rows // cfg["BLOCK_M"])
-            _launch(dest, sources[0].dtype, cfg, vec, grid, None, (address, dst_row, n_rows), streams.raw(stream))
+            launch = _launch_for(device, dest.dtype, first.dtype, hidden, n_rows, vec, True, config_items)
+            _launch(launch, dest, -(-n_rows // launch.block_m), None, (address, dst_row, n_rows), stream)
             return
-        addresses = [s.data_ptr() for s in sources]
-        if not (even_rows and reduce(or_, addresses) % 16 == 0):
+        if refuse_capture and streams.capturing(device):
+            raise GraphCaptureError(_CAPTURE_HINT)
+        table, sources_aligned = build_table(segments, sources, device)
+        if not (even_rows and sources_aligned):
             vec = 1
-        rows = sum(map(itemgetter(2), segments))
-        cfg = _config(dest, rows, config)
-        table = upload(table_words(segments, addresses), device)
-        grid = grid_bound(rows, len(segments), cfg["BLOCK_M"])
-        _launch(dest, sources[0].dtype, cfg, vec, grid, table, None, streams.raw(stream))
+        # The destination's rows bound the table's (segments never overlap there).
+        launch = _launch_for(device, dest.dtype, first.dtype, hidden, n_dest, vec, False, config_items)
+        _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
 
 
 def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:
     """The scheduler's Triton path: its planner already checked the table, so nothing is
     checked again. A table of several segments is staged per call, which a CUDA graph
-    cannot replay; refuse that under capture rather than record a dangling buffer."""
-    if len(segments) > 1 and layer(dest.device).capturing(dest.device):
-        raise GraphCaptureError(_CAPTURE_HINT)
-    launch_segments(sources, segments, dest)
+    cannot replay: that is refused under capture rather than recorded with a dangling
+    buffer (one segment needs no table and is capturable)."""
+    launch_segments(sources, segments, dest, refuse_capture=True)
 
 
 # --- checks of the public API ----------------------------------------------------------
@@ -346,8 +349,6 @@ def gather_segments(
 
         out = torch.cat([sources[s][r : r + n] for s, r, n, _ in segments]).to(dtype)
     """
-    import torch
-
     if out is None:
         if not sources:
             raise KernelInputError("gather_segments needs out= when there are no sources")
@@ -406,6 +407,7 @@ class SegmentPlan:
         if backend == "triton":
             if is_aligned(sources, dest):
                 self.vec = vector_width(dest.element_size(), self.src_dtype.itemsize)
+            self.launch = _make_launch(self.src_dtype, self.hidden, self.vec, False, config)
             if capacity is not None:
                 self.table_words = table_size(capacity, max(len(sources), capacity))
         self._load(sources, segments)
@@ -548,4 +550,4 @@ def run_segments(plan: SegmentPlan, dest) -> None:
             streams.wait(stream, plan.upload_event)
             streams.keep_for(plan.table, stream)
             plan.ready_streams.append(stream)
-        _launch(dest, plan.src_dtype, plan.config, plan.vec, plan.grid, plan.table, None, streams.raw(stream))
+        _launch(plan.launch, dest, plan.grid, plan.table, None, streams.raw(stream))

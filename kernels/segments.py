@@ -15,6 +15,9 @@ from typing import NamedTuple
 from ..errors import KernelInputError, SegmentError
 
 
+SEGMENT_FIELDS = 4  # (source, src_row, n_rows, dst_row)
+
+
 class Segment(NamedTuple):
     source: int
     src_row: int

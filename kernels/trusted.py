@@ -13,6 +13,7 @@ and ``TRITON_INTERPRET`` (``backend.py``: read at the first call, not on every s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from .backend import refresh_backend, uses_triton
@@ -38,11 +39,17 @@ def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], 
     if not segments:
         return dst
     if uses_triton(dst.device):
-        from .gather import launch_trusted
-
-        launch_trusted(sources, segments, dst)
+        _triton_launcher()(sources, segments, dst)
         return dst
     return _copy_with_torch(sources, segments, dst)
+
+
+@functools.cache
+def _triton_launcher():
+    # Loaded on first use: the torch path must not import triton.
+    from .gather import launch_trusted
+
+    return launch_trusted
 
 
 def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
