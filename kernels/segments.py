@@ -14,7 +14,6 @@ from typing import NamedTuple
 
 from ..errors import KernelInputError, SegmentError
 
-
 SEGMENT_FIELDS = 4  # (source, src_row, n_rows, dst_row)
 
 
