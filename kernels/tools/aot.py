@@ -58,17 +58,46 @@ def _divisibility(fn, names) -> dict:
     return {(fn.arg_names.index(n),): _DIVISIBLE for n in names}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """What every kernel's variants share for one (dtypes, hidden, aligned, config)."""
+
+    kernel: str
+    fn: object
+    dtype: object  # destination
+    src_dtype: object
+    hidden: int
+    aligned: bool
+    config: dict  # what the launch uses (``unaligned_config`` applied when unaligned)
+    vec: int  # elements per access the row length is counted in (1 when unaligned)
+
+    @property
+    def name(self) -> str:
+        return "aligned" if self.aligned else "unaligned"
+
+    @property
+    def blocks(self) -> dict:
+        return {"BLOCK_M": self.config["BLOCK_M"], "BLOCK_H": self.config["BLOCK_H"], "VEC": self.vec}
+
+    def spec(self, name: str, signature: dict, constexprs: dict, divisible: list) -> AotSpec:
+        signature = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+        options = {"num_warps": self.config["num_warps"], "num_stages": self.config["num_stages"]}
+        return AotSpec(
+            self.kernel, name, self.fn, signature, constexprs,
+            _divisibility(self.fn, divisible), options,
+        )  # fmt: skip
+
+
 def aot_specs(
     kernel: str, *, dtype, hidden: int, aligned: bool, config: dict, src_dtype=None
 ) -> list[AotSpec]:
-    """Every compile-time variant of ``kernel`` for these parameters.
+    """Every compile-time variant of ``kernel`` for these parameters (the kernel's
+    ``registry`` entry names the builder that knows its signature).
 
     ``dtype`` is the destination dtype, ``src_dtype`` the sources' (default: the same).
     ``aligned`` selects the 16-byte specialisation; it requires ``hidden`` to be a
     multiple of the vector width, as the launchers do.
     """
-    from .._triton import tl_dtype
-
     entry = kernel_entry(kernel)
     config = validate_config(config)
     if not aligned:
@@ -79,76 +108,67 @@ def aot_specs(
         raise KernelInputError(
             f"hidden={hidden} is not a multiple of {vec}: no aligned variant exists"
         )
+    variant = Variant(
+        kernel, entry.jit(), dtype, src_dtype, hidden, aligned, config, vec if aligned else 1
+    )
+    return entry.spec_builder()(variant)
+
+
+def segment_gather_specs(v: Variant) -> list[AotSpec]:
+    """Both launch forms: through the segment table, and one segment passed as arguments."""
+    from .._triton import tl_dtype
     from ..gather import SEG_BLOCK
 
-    fn = entry.jit()
-    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    if not aligned:
-        vec = 1
-    blocks = {"BLOCK_M": config["BLOCK_M"], "BLOCK_H": config["BLOCK_H"], "VEC": vec}
-    variant = "aligned" if aligned else "unaligned"
-    if kernel == "segment_gather":
-        # Both launch forms: the tile table, and one segment passed as arguments.
-        specs = []
-        for one_segment in (False, True):
-            signature = {
-                "table_ptr": "constexpr" if one_segment else "*i64",
-                "dst_ptr": _type(dtype),
-                "hidden_vecs": "i32",
-                "seg_src": "i64" if one_segment else "i32",
-                "seg_dst_row": "i32",
-                "seg_rows": "i32",
-            }
-            constexprs = {
-                "SRC_DTYPE": tl_dtype(src_dtype),
-                **blocks,
-                "EVEN_H": hidden % config["BLOCK_H"] == 0,
-                "ONE_SEGMENT": one_segment,
-                "SEG_BLOCK": SEG_BLOCK,
-            }
-            signature.update(dict.fromkeys(constexprs, "constexpr"))
-            divisible = ["dst_ptr"] if aligned else []
-            if one_segment:
-                constexprs["table_ptr"] = None
-            else:
-                divisible.append("table_ptr")
-            name = variant + ("-one" if one_segment else "")
-            specs.append(
-                AotSpec(kernel, name, fn, signature, constexprs, _divisibility(fn, divisible), options)
-            )
-        return specs
+    specs = []
+    for one_segment in (False, True):
+        signature = {
+            "table_ptr": "constexpr" if one_segment else "*i64",
+            "dst_ptr": _type(v.dtype),
+            "hidden_vecs": "i32",
+            "seg_src": "i64" if one_segment else "i32",
+            "seg_dst_row": "i32",
+            "seg_rows": "i32",
+        }
+        constexprs = {
+            "SRC_DTYPE": tl_dtype(v.src_dtype),
+            **v.blocks,
+            "EVEN_H": v.hidden % v.config["BLOCK_H"] == 0,
+            "ONE_SEGMENT": one_segment,
+            "SEG_BLOCK": SEG_BLOCK,
+        }
+        divisible = ["dst_ptr"] if v.aligned else []
+        if one_segment:
+            constexprs["table_ptr"] = None
+        else:
+            divisible.append("table_ptr")
+        name = v.name + ("-one" if one_segment else "")
+        specs.append(v.spec(name, signature, constexprs, divisible))
+    return specs
+
+
+def placeholder_merge_specs(v: Variant) -> list[AotSpec]:
+    """The merge into ``input_embeds`` and the fused text-embedding lookup."""
     specs = []
     for lookup_text in (False, True):
         signature = {
             "ids_ptr": "*i64",
             "is_mm_ptr": "*u8",
             "mm_count_ptr": "*i64",
-            "weight_ptr": _type(dtype if lookup_text else src_dtype),
-            "mm_ptr": _type(src_dtype),
-            "out_ptr": _type(dtype),
+            "weight_ptr": _type(v.dtype if lookup_text else v.src_dtype),
+            "mm_ptr": _type(v.src_dtype),
+            "out_ptr": _type(v.dtype),
             "n_tokens": "i32",
             "vocab": "i32",
             "n_mm": "i32",
             "hidden_vecs": "i32",
         }
-        constexprs = {"LOOKUP_TEXT": lookup_text, **blocks}
-        signature.update(dict.fromkeys(constexprs, "constexpr"))
+        constexprs = {"LOOKUP_TEXT": lookup_text, **v.blocks}
         divisible = ["ids_ptr", "is_mm_ptr", "mm_count_ptr"]
-        if aligned:
+        if v.aligned:
             divisible += ["weight_ptr", "mm_ptr", "out_ptr"]
-        name = f"{variant}-{'lookup' if lookup_text else 'merge'}"
-        specs.append(
-            AotSpec(kernel, name, fn, signature, constexprs, _divisibility(fn, divisible), options)
-        )
+        name = f"{v.name}-{'lookup' if lookup_text else 'merge'}"
+        specs.append(v.spec(name, signature, constexprs, divisible))
     return specs
-
-
-def segment_gather_specs(**parameters) -> list[AotSpec]:
-    return aot_specs("segment_gather", **parameters)
-
-
-def placeholder_merge_specs(**parameters) -> list[AotSpec]:
-    return aot_specs("placeholder_merge", **parameters)
 
 
 # --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.tools.aot``) ---
@@ -193,15 +213,23 @@ def _amd_spill_bytes(amdgcn: str) -> int:
     return sum(int(n) for n in counts)
 
 
-def compile_spec(spec: AotSpec, target: str) -> dict:
-    """Compile one spec for a named target and report what the AOT tests check."""
+def compile_for(spec: AotSpec, target: str):
+    """``triton.compile`` of one spec for a named target (``TARGETS``)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
+    return triton.compile(spec.source(), target=GPUTarget(*TARGETS[target]), options=spec.options)
+
+
+def assembly(compiled) -> str:
+    """The PTX of an NVIDIA compile, the AMDGCN of an AMD one."""
+    return compiled.asm["ptx"] if "ptx" in compiled.asm else compiled.asm["amdgcn"]
+
+
+def compile_spec(spec: AotSpec, target: str) -> dict:
+    """Compile one spec for a named target and report what the AOT tests check."""
     start = time.perf_counter()
-    compiled = triton.compile(
-        spec.source(), target=GPUTarget(*TARGETS[target]), options=spec.options
-    )
+    compiled = compile_for(spec, target)
     seconds = time.perf_counter() - start
     if "ptx" in compiled.asm:
         text = compiled.asm["ptx"]
