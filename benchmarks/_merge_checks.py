@@ -193,7 +193,9 @@ def graph_replay_check(device: torch.device, trials: int, seed: int) -> dict | N
                 kernels.run_segments(plan, embeds)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Captured on the stream it warmed up on: a plan runs captured only on a stream
+            # it has already run on.
+            with torch.cuda.graph(graph, stream=side):
                 kernels.run_segments(plan, embeds)
         except Exception as exc:
             failures.append(f"trial {trial}: planning or capture raised {type(exc).__name__}: {exc}")
