@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import _common as C
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from mm_schedule.kernels.dtypes import KERNEL_DTYPES
+
+DTYPES = {d.short: getattr(torch, d.name) for d in KERNEL_DTYPES.values()}
 # (source dtype, destination dtype): same-dtype copies and the casts vLLM/SGLang do.
 DTYPE_PAIRS = [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("fp32", "bf16"), ("bf16", "fp32")]
 

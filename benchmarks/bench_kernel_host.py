@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     driver.set_active(StubDriver())
-    from mm_schedule.kernels import backend, gather, merge, trusted
+    from mm_schedule.kernels import backend, gather, segment_merge, trusted
 
     backend.set_backend("triton")
     # The public path refuses CPU tensors without the interpreter; here they stand for GPU ones.
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         sources, segments, dest = images(n)
         case(
             f"merge_segments (checked), {n} image(s)",
-            lambda s=sources, g=segments, d=dest: merge.merge_segments(s, g, d),
+            lambda s=sources, g=segments, d=dest: segment_merge.merge_segments(s, g, d),
         )
         packed = torch.empty(n * ROWS_PER_IMAGE, HIDDEN, dtype=torch.bfloat16)
         packed_segments = [(i, 0, ROWS_PER_IMAGE, i * ROWS_PER_IMAGE) for i in range(n)]
