@@ -31,15 +31,20 @@ def _interpreted() -> bool:
 
 
 if HAS_TRITON:
-    # The interpreter rounds float32 -> bfloat16 by truncation; compiled code rounds to
-    # nearest even in hardware (or in the backend's own short sequence). Only the
-    # interpreter gets the integer emulation, so compiled kernels keep the native convert.
-    _EMULATE_BF16_ROUNDING = tl.constexpr(_interpreted())
+    # The interpreter's bfloat16 conversions are not the hardware's: float32 -> bfloat16
+    # truncates, and bfloat16 -> float32 flushes subnormals. Compiled code converts
+    # natively (cvt.rn.bf16.f32 on sm_80+, v_cvt_pk_bf16_f32 on gfx950, Triton's short
+    # integer sequence on gfx942), so only the interpreter gets these exact bit-level forms.
+    _EMULATE_BF16 = tl.constexpr(_interpreted())
 
     @triton.jit
     def cast_to(x, DST: tl.constexpr):
         """``x.to(DST)``, rounding to nearest even when narrowing, NaN staying NaN."""
-        if _EMULATE_BF16_ROUNDING and DST == tl.bfloat16 and x.dtype != tl.bfloat16:
+        if _EMULATE_BF16 and x.dtype == tl.bfloat16 and DST != tl.bfloat16:
+            # Widening is a 16-bit shift: exact for every value, subnormals included.
+            wide = (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+            return wide.to(DST)
+        elif _EMULATE_BF16 and DST == tl.bfloat16 and x.dtype != tl.bfloat16:
             bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
             rounded = (bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16
             rounded = tl.where(x != x, 0x7FC0, rounded)  # NaN stays a quiet NaN

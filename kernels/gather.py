@@ -421,12 +421,17 @@ class SegmentPlan:
         return self.n_tiles if self.capacity is None else self.capacity
 
     def _load(self, sources, segments):
-        self.sources = tuple(sources)  # keeps every address in the table alive
-        self.segments = tuple(segments)
+        """Check that the table fits the plan, then (and only then) take it and upload it."""
         if self.backend != "triton":
+            self.sources, self.segments = tuple(sources), tuple(segments)
             return
-        self.n_tiles = count_tiles(self.segments, self.config["BLOCK_M"])
-        words = table_words(self.segments, [s.data_ptr() for s in sources])
+        n_tiles = count_tiles(segments, self.config["BLOCK_M"])
+        if self.capacity is not None and n_tiles > self.capacity:
+            raise KernelInputError(
+                f"the table needs {n_tiles} tiles of {self.config['BLOCK_M']} rows, more than the"
+                f" plan's capacity of {self.capacity}; plan with a larger capacity"
+            )
+        words = table_words(segments, [s.data_ptr() for s in sources])
         if self.capacity is not None:
             if len(words) > self.table_words:
                 raise KernelInputError(
@@ -434,6 +439,9 @@ class SegmentPlan:
                     f" {self.table_words}; plan with a larger capacity"
                 )
             words.extend([0] * (self.table_words - len(words)))
+        self.sources = tuple(sources)  # keeps every address in the table alive
+        self.segments = tuple(segments)
+        self.n_tiles = n_tiles
         reuse = self.table is not None and self.table.numel() >= len(words)
         streams = layer(self.device)
         with streams.guard(self.device):
@@ -459,13 +467,6 @@ class SegmentPlan:
         if self.aligned and not all(s.data_ptr() % 16 == 0 for s in sources):
             raise KernelInputError(
                 "the plan was compiled for 16-byte aligned sources; a new source is not aligned"
-            )
-        if (
-            self.capacity is not None
-            and count_tiles(segments, self.config["BLOCK_M"]) > self.capacity
-        ):
-            raise KernelInputError(
-                f"the new table needs more than the plan's {self.capacity} tiles"
             )
         self._load(sources, segments)
 

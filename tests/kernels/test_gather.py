@@ -5,14 +5,16 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mm_schedule.errors import KernelInputError, SegmentError
+from mm_schedule.errors import KernelInputError, SegmentError, SourceOverlapError
 from mm_schedule.kernels import gather as gather_mod
 from mm_schedule.kernels.gather import (
     gather_segments,
     gather_segments_ref,
+    launch_trusted,
     plan_segments,
     run_segments,
 )
+from mm_schedule.kernels.segment_merge import merge_segments
 from mm_schedule.kernels.segments import Segment
 from mm_schedule.kernels.table import count_tiles, grid_bound, table_words
 
@@ -242,3 +244,63 @@ def test_non_contiguous_destination_is_rejected(triton_backend):
 def test_unsupported_dtype_names_the_torch_backend(triton_backend):
     with pytest.raises(KernelInputError, match="MM_SCHEDULE_KERNEL_BACKEND=torch"):
         gather_segments([torch.randn(4, 64, dtype=torch.float64)], [(0, 0, 1, 0)])
+
+
+@pytest.mark.parametrize(
+    "source_of",
+    [
+        lambda dest: dest[2:6],  # a row view of the destination
+        lambda dest: dest.view(-1)[32 : 32 + 3 * 64].view(3, 64),  # overlapping, not row-aligned
+        lambda dest: dest,  # the destination itself
+    ],
+)
+def test_a_source_overlapping_the_destination_is_refused(triton_backend, monkeypatch, source_of):
+    monkeypatch.setattr(gather_mod, "segment_copy_kernel", ExplodingKernel())
+    dest = torch.zeros(10, 64)
+    sources = [torch.randn(4, 64), source_of(dest)]
+    for call in (
+        lambda: gather_segments(sources, [(1, 0, 1, 8)], out=dest),
+        lambda: merge_segments(sources, [(0, 0, 2, 0), (1, 0, 1, 9)], dest),
+        lambda: plan_segments(sources, [(1, 0, 1, 9)], dest),
+    ):
+        with pytest.raises(SourceOverlapError, match="source 1 shares memory"):
+            call()
+    assert dest.eq(0).all()
+
+
+def test_a_disjoint_part_of_the_same_storage_is_allowed(triton_backend, helpers):
+    storage = helpers.random_rows(12, 64, torch.float32)
+    dest, source = storage[:8], storage[8:]
+    expected = dest.clone()
+    expected[1:4] = source[0:3]
+    gather_segments([source], [(0, 0, 3, 1)], out=dest)
+    helpers.assert_bitwise_equal(dest, expected)
+
+
+@pytest.mark.parametrize("n_segments", [1, 2, 40])
+@pytest.mark.parametrize(("src_dtype", "dst_dtype"), [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)])
+def test_trusted_launch_matches_the_reference(triton_backend, helpers, n_segments, src_dtype, dst_dtype):
+    gen = torch.Generator().manual_seed(n_segments)
+    sources = [helpers.random_rows(int(n), 72, src_dtype, gen) for n in torch.randint(1, 9, (n_segments,), generator=gen)]
+    segments, row = [], 3
+    for i in torch.randperm(n_segments, generator=gen).tolist():
+        segments.append((i, 0, sources[i].shape[0], row))
+        row += sources[i].shape[0] + 1
+    out = helpers.poisoned((row + 2, 72), dst_dtype)
+    expected = out.clone()
+    launch_trusted(sources, segments, out)
+    gather_segments_ref(sources, segments, expected)
+    helpers.assert_bitwise_equal(out, expected)
+
+
+def test_a_plan_never_holds_more_tiles_than_its_capacity(triton_backend, helpers):
+    sources = [helpers.random_rows(9, 64, torch.float16)]
+    dest = helpers.poisoned((20, 64), torch.float16)
+    config = {**SMALL, "BLOCK_M": 2}
+    with pytest.raises(KernelInputError, match=r"5 tiles .* capacity of 4"):
+        plan_segments(sources, [(0, 0, 9, 0)], dest, config=config, capacity=4)
+    plan = plan_segments(sources, [(0, 0, 8, 0)], dest, config=config, capacity=4)
+    with pytest.raises(KernelInputError, match="capacity"):
+        plan.update(sources, [(0, 0, 9, 0)])
+    run_segments(plan, dest)  # the failed update left the plan as it was
+    assert torch.equal(dest[:8], sources[0][:8]) and dest[8:].isnan().all()

@@ -1,0 +1,147 @@
+"""On a real GPU: device guards, stream order, CUDA-graph capture and zero host syncs.
+
+Run by the GPU check (``pytest -m gpu`` with the kernels compiled, not interpreted);
+skipped elsewhere. The CPU proofs of the same logic are in ``test_streams.py``.
+"""
+
+import os
+
+import pytest
+import torch
+
+from mm_schedule.errors import GraphCaptureError
+from mm_schedule.kernels.gather import (
+    gather_segments,
+    gather_segments_ref,
+    plan_segments,
+    run_segments,
+)
+from mm_schedule.kernels.segment_merge import merge_segments
+from mm_schedule.kernels.trusted import copy_segments
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm device")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the kernels must be compiled for the GPU: run with TRITON_INTERPRET=0")
+    from mm_schedule.kernels.backend import refresh_backend
+
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    refresh_backend()
+    return torch.device("cuda")
+
+
+def _problem(device, seed, n_images=5, hidden=1176, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 300, (n_images,), generator=gen).tolist()
+    sources = [torch.randn(n, hidden, generator=gen).to(dtype).to(device) for n in sizes]
+    segments, row = [], 2
+    for i in torch.randperm(n_images, generator=gen).tolist():
+        segments.append((i, 0, sizes[i], row))
+        row += sizes[i] + 3
+    return sources, segments, row + 1
+
+
+def _expected(sources, segments, rows, dtype, device):
+    out = torch.full((rows, sources[0].shape[1]), float("nan"), dtype=dtype, device=device)
+    gather_segments_ref(sources, segments, out)
+    return out
+
+
+def _same(a, b):
+    bits = {2: torch.int16, 4: torch.int32}[a.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))
+
+
+def test_destination_on_another_device_than_the_current_one(gpu):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    target = torch.device("cuda:1")
+    with torch.cuda.device(0):
+        sources, segments, rows = _problem(target, 1)
+        want = _expected(sources, segments, rows, torch.bfloat16, target)
+        for segs in (segments, segments[:1]):
+            want = _expected(sources, segs, rows, torch.bfloat16, target)
+            out = torch.full_like(want, float("nan"))
+            gather_segments(sources, segs, out=out)
+            torch.cuda.synchronize(target)
+            assert _same(out, want)
+            out = torch.full_like(want, float("nan"))
+            copy_segments(sources, segs, out)
+            plan = plan_segments(sources, segs, out)
+            run_segments(plan, out)
+            torch.cuda.synchronize(target)
+            assert _same(out, want)
+
+
+def test_plan_uploaded_on_a_busy_stream_runs_correctly_on_another(gpu):
+    sources, segments, rows = _problem(gpu, 2)
+    want = _expected(sources, segments, rows, torch.bfloat16, gpu)
+    planner, runner = torch.cuda.Stream(), torch.cuda.Stream()
+    out = torch.full_like(want, float("nan"))
+    with torch.cuda.stream(planner):
+        torch.cuda._sleep(50_000_000)  # the table's copy lands long after the plan returns
+        plan = plan_segments(sources, segments, out)
+    with torch.cuda.stream(runner):
+        run_segments(plan, out)  # must wait for the upload, not read the table early
+    torch.cuda.synchronize()
+    assert _same(out, want)
+
+
+def test_per_call_api_on_a_side_stream_and_without_host_syncs(gpu):
+    sources, segments, rows = _problem(gpu, 3)
+    want = _expected(sources, segments, rows, torch.float32, gpu)
+    side = torch.cuda.Stream()
+    out = torch.full_like(want, float("nan"))
+    packed = torch.full_like(want, float("nan"))
+    for call in (
+        lambda: merge_segments(sources, segments, out),
+        lambda: copy_segments(sources, segments, packed),
+    ):
+        call()  # compile outside the sync check
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    packed.fill_(float("nan"))
+    with torch.cuda.stream(side):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            merge_segments(sources, segments, out)
+            copy_segments(sources, segments, packed)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert _same(out, want) and _same(packed, want)
+
+
+def test_capture_refuses_the_per_call_api_and_replays_a_plan(gpu):
+    sources, segments, rows = _problem(gpu, 4)
+    out = torch.full((rows, sources[0].shape[1]), float("nan"), dtype=torch.bfloat16, device=gpu)
+    plan = plan_segments(sources, segments, out, capacity=4096)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        run_segments(plan, out)  # warm-up on the capture stream
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(GraphCaptureError, match="plan_segments"):
+        with torch.cuda.graph(graph, stream=capture):
+            gather_segments(sources, segments, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        run_segments(plan, out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _same(out, _expected(sources, segments, rows, torch.bfloat16, gpu))
+    # New sources through update (on the stream that replays), same graph.
+    fresh, fresh_segments, _ = _problem(gpu, 5)
+    fresh_segments = [(s, r, min(n, 20), d) for s, r, n, d in fresh_segments]
+    plan.update(fresh, fresh_segments)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _same(out, _expected(fresh, fresh_segments, rows, torch.bfloat16, gpu))

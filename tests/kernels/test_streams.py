@@ -1,0 +1,255 @@
+"""Device guards, stream order and CUDA-graph capture, proved without a GPU.
+
+A recording stand-in replaces the torch.cuda layer (``streams.layer``): it tracks the
+current device and each device's current stream, and logs every guard, upload, event,
+wait and launch. The kernels still run (interpreted, on CPU tensors) and are checked bit
+for bit, so the log describes launches that really copied the rows.
+"""
+
+import pytest
+import torch
+
+from mm_schedule.errors import GraphCaptureError
+from mm_schedule.kernels import gather as gather_mod
+from mm_schedule.kernels import placeholder_merge, table
+from mm_schedule.kernels.fast_launch import LaunchSpec
+from mm_schedule.kernels.gather import gather_segments, plan_segments, run_segments
+from mm_schedule.kernels.segment_merge import merge_segments
+from mm_schedule.kernels.trusted import copy_segments
+
+SMALL = {"BLOCK_M": 2, "BLOCK_H": 64, "num_warps": 1, "num_stages": 1}
+
+
+class Stream:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+class RecordingLayer:
+    """Current device starts at "other" (not the destination's), each device's current stream at "default"."""
+
+    def __init__(self):
+        self.device = "other"
+        self.streams = {}
+        self.log = []
+        self.capture = False
+
+    def set_stream(self, device, name):
+        self.streams[str(device)] = Stream(name)
+
+    def guard(self, device):
+        layer = self
+
+        class Guard:
+            def __enter__(self):
+                self.previous = layer.device
+                layer.device = str(device)
+                layer.log.append(("enter", str(device)))
+
+            def __exit__(self, *exc):
+                layer.device = self.previous
+                layer.log.append(("exit", str(device)))
+
+        return Guard()
+
+    def current(self, device):
+        return self.streams.setdefault(str(device), Stream("default"))
+
+    def capturing(self, device):
+        return self.capture
+
+    def record(self, stream):
+        event = f"event#{sum(e[0] == 'record' for e in self.log)}"
+        self.log.append(("record", stream.name, event))
+        return event
+
+    def wait(self, stream, event):
+        self.log.append(("wait", stream.name, event))
+
+    def keep_for(self, tensor, stream):
+        self.log.append(("keep", stream.name))
+
+    def raw(self, stream):
+        return stream
+
+
+@pytest.fixture
+def fake(monkeypatch, triton_backend):
+    layer = RecordingLayer()
+    monkeypatch.setattr(gather_mod, "layer", lambda device: layer)
+    monkeypatch.setattr(placeholder_merge, "layer", lambda device: layer)
+    real_launch, real_build, real_upload = LaunchSpec.launch, gather_mod.build_table, gather_mod.upload
+
+    def launch(self, grid, args, aligned, stream):
+        # Triton launches on the current device: it must be the destination's by now.
+        layer.log.append(("launch", layer.device, stream.name if stream else None))
+        return real_launch(self, grid, args, aligned, None)
+
+    def build(segments, sources, device):
+        layer.log.append(("table", layer.device, layer.current(device).name))
+        return real_build(segments, sources, device)
+
+    def upload(words, device, **kw):
+        layer.log.append(("upload", layer.device, layer.current(device).name))
+        return real_upload(words, device, **kw)
+
+    monkeypatch.setattr(LaunchSpec, "launch", launch)
+    monkeypatch.setattr(gather_mod, "build_table", build)
+    monkeypatch.setattr(gather_mod, "upload", upload)
+    return layer
+
+
+def _data(helpers, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    sources = [helpers.random_rows(n, 64, torch.float16, gen) for n in (6, 4)]
+    return sources, [(1, 0, 4, 0), (0, 1, 5, 5)]
+
+
+def _expected(helpers, sources, segments, rows):
+    out = helpers.poisoned((rows, 64), torch.float16)
+    gather_mod.gather_segments_ref(sources, segments, out)
+    return out
+
+
+def test_per_call_table_is_staged_and_launched_under_the_destination_device(fake, helpers):
+    sources, segments = _data(helpers)
+    fake.set_stream("cpu", "S1")
+    out = helpers.poisoned((10, 64), torch.float16)
+    gather_segments(sources, segments, out=out, config=SMALL)
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
+    assert fake.log == [("enter", "cpu"), ("table", "cpu", "S1"), ("launch", "cpu", "S1"), ("exit", "cpu")]
+    assert fake.device == "other"  # the caller's current device is restored
+
+
+def test_one_segment_needs_no_table(fake, helpers):
+    sources, _ = _data(helpers)
+    out = helpers.poisoned((10, 64), torch.float16)
+    merge_segments(sources, [(0, 1, 5, 2)], out, config=SMALL)
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, [(0, 1, 5, 2)], 10))
+    assert fake.log == [("enter", "cpu"), ("launch", "cpu", "default"), ("exit", "cpu")]
+
+
+def test_placeholder_merge_launches_under_the_output_device(fake, helpers):
+    from mm_schedule.kernels import merge_by_placeholder_ids
+
+    ids = torch.tensor([5, 9, 9, 5, 9])
+    embeds = helpers.random_rows(5, 64, torch.float32)
+    rows = helpers.random_rows(3, 64, torch.float32)
+    expected = embeds.clone()
+    expected[ids == 9] = rows
+    merge_by_placeholder_ids(ids, 9, rows, embeds)
+    helpers.assert_bitwise_equal(embeds, expected)
+    assert fake.log[0] == ("enter", "cpu") and fake.log[-1] == ("exit", "cpu")
+
+
+def test_plan_run_on_another_stream_waits_for_the_upload_once(fake, helpers):
+    sources, segments = _data(helpers, 1)
+    fake.set_stream("cpu", "A")
+    plan = plan_segments(sources, segments, helpers.poisoned((10, 64), torch.float16), config=SMALL)
+    assert fake.log == [("enter", "cpu"), ("upload", "cpu", "A"), ("record", "A", "event#0"), ("exit", "cpu")]
+    fake.log.clear()
+
+    out = helpers.poisoned((10, 64), torch.float16)
+    run_segments(plan, out)  # same stream as the upload: already ordered
+    assert fake.log == [("enter", "cpu"), ("launch", "cpu", "A"), ("exit", "cpu")]
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
+
+    fake.set_stream("cpu", "B")
+    for _ in range(2):
+        fake.log.clear()
+        run_segments(plan, out)
+    # The first run on B waited; the second found B ready.
+    assert fake.log == [("enter", "cpu"), ("launch", "cpu", "B"), ("exit", "cpu")]
+
+    fake.log.clear()
+    plan2 = plan_segments(sources, segments, out, config=SMALL)
+    fake.set_stream("cpu", "C")
+    fake.log.clear()
+    run_segments(plan2, out)
+    assert fake.log == [
+        ("enter", "cpu"),
+        ("wait", "C", "event#0"),  # the upload's event, before the launch on C
+        ("keep", "C"),  # and the table is in use on C for the allocator
+        ("launch", "cpu", "C"),
+        ("exit", "cpu"),
+    ]
+
+
+def test_update_uploads_again_and_other_streams_wait_for_the_new_copy(fake, helpers):
+    sources, segments = _data(helpers, 2)
+    fake.set_stream("cpu", "A")
+    out = helpers.poisoned((10, 64), torch.float16)
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+    fake.set_stream("cpu", "B")
+    run_segments(plan, out)
+    fake.set_stream("cpu", "A")
+    swapped = [(0, 0, 6, 4), (1, 0, 4, 0)]
+    fake.log.clear()
+    plan.update(sources, swapped)
+    assert ("upload", "cpu", "A") in fake.log
+    event = next(e for e in fake.log if e[0] == "record")[2]
+    fake.set_stream("cpu", "B")
+    fake.log.clear()
+    run_segments(plan, out)
+    assert fake.log[1:3] == [("wait", "B", event), ("keep", "B")]
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, swapped, 10))
+
+
+def test_per_call_api_refuses_capture(fake, helpers):
+    sources, segments = _data(helpers)
+    out = torch.zeros(10, 64, dtype=torch.float16)
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+    fake.log.clear()
+    fake.capture = True
+    for call in (
+        lambda: gather_segments(sources, segments, out=out),
+        lambda: merge_segments(sources, segments, out),
+        lambda: plan_segments(sources, segments, out),
+        lambda: plan.update(sources, segments),
+        lambda: copy_segments(sources, segments, out),
+    ):
+        with pytest.raises(GraphCaptureError, match="run_segments"):
+            call()
+    assert not any(entry[0] in ("launch", "table", "upload") for entry in fake.log)
+    assert out.eq(0).all()
+
+
+def test_capture_runs_a_plan_only_on_a_stream_it_has_run_on(fake, helpers):
+    sources, segments = _data(helpers, 3)
+    out = helpers.poisoned((10, 64), torch.float16)
+    fake.set_stream("cpu", "A")
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+    fake.set_stream("cpu", "capture")
+    fake.capture = True
+    with pytest.raises(GraphCaptureError, match="warm-up"):
+        run_segments(plan, out)
+    fake.capture = False
+    run_segments(plan, out)  # the warm-up: waits for the upload outside the capture
+    fake.capture = True
+    fake.log.clear()
+    run_segments(plan, out)
+    assert fake.log == [("enter", "cpu"), ("launch", "cpu", "capture"), ("exit", "cpu")]
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
+
+
+def test_one_segment_trusted_copy_is_capturable(fake, helpers):
+    sources, _ = _data(helpers, 4)
+    out = helpers.poisoned((10, 64), torch.float16)
+    fake.capture = True
+    copy_segments(sources, [(1, 1, 3, 6)], out)
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, [(1, 1, 3, 6)], 10))
+    assert [e[0] for e in fake.log] == ["enter", "launch", "exit"]
+
+
+def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
+    base = torch.zeros(64 * 40 + 8, dtype=torch.float16)
+    aligned = [base[: 64 * 10].view(10, 64), base[64 * 10 : 64 * 20].view(10, 64)]
+    shifted = base[1 : 1 + 64 * 10].view(10, 64)  # 2 bytes past an aligned address
+    segments = [(0, 0, 2, 0), (1, 3, 2, 2)]
+    words, ok = table.build_table(segments, aligned, torch.device("cpu"))
+    assert ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
+    for sources in ([aligned[0], shifted], [shifted, aligned[0]], [shifted]):
+        assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"))[1]
