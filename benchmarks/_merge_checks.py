@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import _common as C
 import torch
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+from mm_schedule.kernels.dtypes import KERNEL_DTYPES
+
+DTYPES = {d.short: getattr(torch, d.name) for d in KERNEL_DTYPES.values()}
 # (source dtype, destination dtype): same-dtype copies and the casts vLLM/SGLang do.
 DTYPE_PAIRS = [("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32"), ("fp32", "bf16"), ("bf16", "fp32")]
 
@@ -193,7 +195,9 @@ def graph_replay_check(device: torch.device, trials: int, seed: int) -> dict | N
                 kernels.run_segments(plan, embeds)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # Captured on the stream it warmed up on: a plan runs captured only on a stream
+            # it has already run on.
+            with torch.cuda.graph(graph, stream=side):
                 kernels.run_segments(plan, embeds)
         except Exception as exc:
             failures.append(f"trial {trial}: planning or capture raised {type(exc).__name__}: {exc}")

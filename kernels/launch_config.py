@@ -17,6 +17,7 @@ config, else the tuned table for this GPU (``tuned_configs.get_config``), else
 from __future__ import annotations
 
 from ..errors import KernelInputError
+from .dtypes import vector_width
 from .registry import kernel_entry
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_H", "num_warps", "num_stages")
@@ -37,7 +38,7 @@ def heuristic_config(kernel: str, *, dtype, hidden: int, n_rows: int) -> dict:
     warps than the tile fills with full 16-byte vectors (counting 64-lane AMD waves)."""
     kernel_entry(kernel)
     itemsize = getattr(dtype, "itemsize", 2)
-    vec = 16 // itemsize
+    vec = vector_width(itemsize)
     block_h = min(_next_pow2(max(hidden, 16)), 8192 // itemsize)
     block_m = 16 if n_rows >= 8192 else 8 if n_rows >= 1024 else 4
     block_m = max(block_m, (vec * _WAVE64) // block_h)

@@ -121,12 +121,12 @@ def parse_args(argv=None):
         "--budget-s", type=float, default=300.0, help="whole run (default: %(default)s s)"
     )
     ap.add_argument(
-        "--tests-s", type=float, default=90.0, help="cap on the GPU tests (default: %(default)s)"
+        "--tests-s", type=float, default=60.0, help="cap on the GPU tests (default: %(default)s)"
     )
     ap.add_argument(
         "--tune-s",
         type=float,
-        default=60.0,
+        default=45.0,
         help="cap on the tuner's timing, compiles not counted (default: %(default)s)",
     )
     ap.add_argument(
@@ -368,7 +368,7 @@ def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:
     from .timing import Budget
 
     bench = _load_bench()
-    argv = ["--out-dir", str(out)]
+    argv = ["--out-dir", str(out), "--sweep-seconds", "20"]
     if args.dry_run:
         argv += ["--cpu-smoke", "--cases", "smoke-1img,smoke-cast", "--repeats", "1", "--sweep",
                  "2", "--no-plot"]  # fmt: skip

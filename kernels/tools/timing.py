@@ -109,16 +109,17 @@ class GpuTimer:
         import torch
 
         # Triton compiles and loads a kernel on its first launch, which a capture cannot
-        # record; torch wants that first run on a side stream.
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        # record, and a planned launch must have run once on the stream that captures it
+        # (its table upload is ordered per stream): warm up on the capture stream itself.
+        capture = torch.cuda.Stream(self.device)
+        capture.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(capture):
             for launch in launches:
                 launch()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(capture)
         self._synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=capture):
             for launch in launches:
                 launch()
         # Everything is queued before the one synchronize, so no host sync falls inside
