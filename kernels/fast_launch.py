@@ -8,8 +8,9 @@ launch shape, built once — keeps the ``CompiledKernel`` that its first JIT lau
 returned, per pointer-alignment class, and afterwards calls that kernel's launcher the
 way ``CompiledKernel.__getitem__`` does (Triton 3.3 to 3.9), hooks included.
 
-A spec names everything Triton specialises on except pointer alignment, which the
-caller passes as ``aligned`` (Triton specialises pointers on 16-byte alignment). If the
+A spec names everything Triton specialises on except what it reads from argument values
+(16-byte alignment of pointers, 32- or 64-bit integers), which the caller passes with
+each launch as ``variant``. If the
 installed Triton's compiled kernels take their arguments differently (a ``TypeError`` or
 ``AttributeError`` from the direct call, raised before anything is launched), direct
 launches are turned off for the process and every launch goes through the JIT. Under
@@ -22,28 +23,36 @@ import functools
 
 
 class LaunchSpec:
-    __slots__ = ("constexprs", "handles", "jit_fn", "options")
+    __slots__ = ("constexprs", "handles", "jit_fn", "options", "proven")
 
     def __init__(self, jit_fn, constexprs: dict, options: dict):
         self.jit_fn = jit_fn
         self.constexprs = constexprs
         self.options = options
         self.handles: dict = {}
+        self.proven: set = set()
 
-    def launch(self, grid: int, args: tuple, aligned: tuple, stream) -> None:
+    def launch(self, grid: int, args: tuple, variant: tuple, stream) -> None:
         """Launch ``grid`` programs on ``stream`` (a raw stream handle; ``None``: Triton's
         current stream). ``args`` are the non-constexpr arguments in declaration order,
-        with the constexprs declared after them."""
-        handle = self.handles.get(aligned)
+        with the constexprs declared after them; ``variant`` names what Triton derives
+        from argument values (pointer alignment, integer width)."""
+        handle = self.handles.get(variant)
         if handle is not None and _direct_launches[0]:
-            try:
+            if variant in self.proven:
                 _direct(handle, grid, (*args, *self.constexprs.values()), stream)
+                return
+            try:
+                # The first direct launch of a handle proves the calling convention: Triton
+                # checks the arguments before it launches anything.
+                _direct(handle, grid, (*args, *self.constexprs.values()), stream)
+                self.proven.add(variant)
                 return
             except (TypeError, AttributeError):
                 _direct_launches[0] = False
         compiled = self.jit_fn[(grid,)](*args, **self.constexprs, **self.options)
         if hasattr(compiled, "packed_metadata"):
-            self.handles[aligned] = compiled
+            self.handles[variant] = compiled
 
 
 _direct_launches = [True]

@@ -199,11 +199,12 @@ def _launch(launch: _Launch, dest, grid, table, one, stream) -> None:
     """One launch of ``segment_copy_kernel``; ``one`` is ``(address, dst_row, rows)`` or None."""
     if table is None:
         args = (None, dest, dest.shape[1] // launch.vec, *one)
-        aligned = (dest.data_ptr() % 16 == 0, None)
+        # Triton types an integer argument by its value: i32 below 2**31, i64 above.
+        variant = (dest.data_ptr() % 16 == 0, one[0] > 0x7FFFFFFF)
     else:
         args = (table, dest, dest.shape[1] // launch.vec, 0, 0, 0)
-        aligned = (dest.data_ptr() % 16 == 0, table.data_ptr() % 16 == 0)
-    launch.spec.launch(grid, args, aligned, stream)
+        variant = (dest.data_ptr() % 16 == 0, table.data_ptr() % 16 == 0)
+    launch.spec.launch(grid, args, variant, stream)
 
 
 def launch_segments(

@@ -83,10 +83,10 @@ def fake(monkeypatch, triton_backend):
     monkeypatch.setattr(placeholder_merge, "layer", lambda device: layer)
     real_launch, real_build, real_upload = LaunchSpec.launch, gather_mod.build_table, gather_mod.upload
 
-    def launch(self, grid, args, aligned, stream):
+    def launch(self, grid, args, variant, stream):
         # Triton launches on the current device: it must be the destination's by now.
         layer.log.append(("launch", layer.device, stream.name if stream else None))
-        return real_launch(self, grid, args, aligned, None)
+        return real_launch(self, grid, args, variant, None)
 
     def build(segments, sources, device):
         layer.log.append(("table", layer.device, layer.current(device).name))
