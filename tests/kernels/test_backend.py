@@ -142,3 +142,14 @@ def test_importing_the_package_loads_neither_torch_nor_triton():
         "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_lazy_attributes_are_kept_after_the_first_access():
+    code = (
+        "import mm_schedule.kernels as k; "
+        "assert 'gather_segments' not in vars(k); "
+        "f = k.gather_segments; "
+        "assert vars(k)['gather_segments'] is f is k.gather_segments; "
+        "from mm_schedule.kernels.gather import gather_segments; assert f is gather_segments"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
