@@ -270,17 +270,13 @@ def refuse_under_capture(device, what: str) -> None:
 
 def check_no_overlap(sources: Sequence, dest) -> None:
     """Refuse a source whose bytes overlap the destination's: programs of one launch would
-    read rows that other programs are overwriting."""
-    if dest.numel() == 0:
-        return
+    read rows that other programs are overwriting. (Sources are on ``dest``'s device.)"""
     start = dest.data_ptr()
-    end = start + dest.numel() * dest.element_size()
+    end = start + dest.nbytes
     for i, src in enumerate(sources):
-        if src.numel() == 0 or src.device != dest.device:
-            continue
         s_start = src.data_ptr()
-        s_end = s_start + src.numel() * src.element_size()
-        if s_start < end and start < s_end:
+        s_end = s_start + src.nbytes
+        if s_start < end and start < s_end and s_start < s_end:
             raise SourceOverlapError(
                 f"source {i} shares memory with the destination (bytes [{s_start:#x}, {s_end:#x}) and"
                 f" [{start:#x}, {end:#x})); copy it first (.clone()) or write to another buffer"
@@ -296,9 +292,8 @@ def is_aligned(sources: Sequence, dest) -> bool:
 
 
 def _check_triton_dtypes(sources: Sequence, dest) -> None:
-    for what, dtype in [("destination", dest.dtype)] + [
-        (f"source {i}", s.dtype) for i, s in enumerate(sources)
-    ]:
+    # check_tensors already made every source share source 0's dtype.
+    for what, dtype in [("destination", dest.dtype)] + [("source 0", s.dtype) for s in sources[:1]]:
         if str(dtype).removeprefix("torch.") not in SUPPORTED_DTYPES:
             raise KernelInputError(
                 f"{what} has dtype {dtype}; the Triton kernel supports bfloat16, float16 and float32"
@@ -319,7 +314,7 @@ def checked_backend(sources: Sequence, segments: list, dest) -> str:
 
 def copy_checked(sources: Sequence, segments: Sequence, dest, *, config=None, what: str) -> None:
     """Check, then copy with whichever backend runs (the public per-call path)."""
-    segments = [Segment(*s) for s in segments]
+    segments = list(segments)
     refuse_under_capture(dest.device, what)
     if checked_backend(sources, segments, dest) == "torch":
         gather_segments_ref(sources, segments, dest)
@@ -349,11 +344,13 @@ def gather_segments(
 
         out = torch.cat([sources[s][r : r + n] for s, r, n, _ in segments]).to(dtype)
     """
+    segments = list(segments)
     if out is None:
         if not sources:
             raise KernelInputError("gather_segments needs out= when there are no sources")
+        check_segments(segments, [s.shape[0] for s in sources], float("inf"))
         out = torch.empty(
-            (total_rows([Segment(*s) for s in segments]), sources[0].shape[-1]),
+            (total_rows(segments), sources[0].shape[-1]),
             dtype=dtype or sources[0].dtype,
             device=sources[0].device,
         )
@@ -457,7 +454,7 @@ class SegmentPlan:
         Uploads on the current stream; call it outside graph capture (it stages host
         memory) and on the stream that runs or replays the plan."""
         refuse_under_capture(self.device, "SegmentPlan.update")
-        segments = [Segment(*s) for s in segments]
+        segments = list(segments)
         check_tensors(sources, _DestSpec(self))
         check_segments(segments, [s.shape[0] for s in sources], self.dest_shape[0])
         if sources and sources[0].dtype != self.src_dtype:
@@ -495,7 +492,7 @@ def plan_segments(
     capacity: int | None = None,
 ) -> SegmentPlan:
     """Check a segment table against ``sources`` and ``dest`` and prepare it to run."""
-    segments = [Segment(*s) for s in segments]
+    segments = list(segments)
     refuse_under_capture(dest.device, "plan_segments")
     backend = checked_backend(sources, segments, dest)
     if backend == "triton":

@@ -72,7 +72,7 @@ if HAS_TRITON:
         mm_row = tl.load(mm_count_ptr + tok, mask=tok_ok, other=0) - 1
         mm_ok = tok_ok & is_mm & (mm_row < n_mm)
         # A product with a constexpr: divisibility by VEC is known for every row length.
-        hidden = hidden_vecs.to(tl.int64) * VEC
+        hidden = hidden_vecs * VEC
         if LOOKUP_TEXT:
             ids = tl.load(ids_ptr + tok, mask=tok_ok, other=0).to(tl.int64)
             text_ok = tok_ok & (~is_mm) & (ids >= 0) & (ids < vocab)

@@ -25,7 +25,7 @@ class Segment(NamedTuple):
 
 
 def total_rows(segments: Sequence[Segment]) -> int:
-    return sum(s.n_rows for s in segments)
+    return sum(s[2] for s in segments)
 
 
 def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int) -> None:
@@ -34,7 +34,12 @@ def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_
     n_sources = len(source_rows)
     spans = []
     for i, seg in enumerate(segments):
-        source, src_row, n_rows, dst_row = seg
+        try:
+            source, src_row, n_rows, dst_row = seg
+        except (TypeError, ValueError):
+            raise SegmentError(
+                f"segment {i} must be (source, src_row, n_rows, dst_row), got {seg!r}"
+            ) from None
         if not 0 <= source < n_sources:
             raise SegmentError(
                 f"segment {i} {tuple(seg)}: source index {source} out of range for {n_sources} sources"

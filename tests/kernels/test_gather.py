@@ -304,3 +304,10 @@ def test_a_plan_never_holds_more_tiles_than_its_capacity(triton_backend, helpers
         plan.update(sources, [(0, 0, 9, 0)])
     run_segments(plan, dest)  # the failed update left the plan as it was
     assert torch.equal(dest[:8], sources[0][:8]) and dest[8:].isnan().all()
+
+
+@pytest.mark.parametrize("bad", [(0, 0, 1), (0, 0, 1, 0, 5), 7])
+def test_a_malformed_segment_is_a_segment_error(triton_backend, bad):
+    for out in (None, torch.empty(4, 64)):
+        with pytest.raises(SegmentError, match=r"must be \(source, src_row, n_rows, dst_row\)"):
+            gather_segments([torch.randn(4, 64)], [(0, 0, 1, 0), bad], out=out)
