@@ -80,9 +80,7 @@ if HAS_TRITON:
         else:
             write_ok = mm_ok
         out_dtype = out_ptr.dtype.element_ty
-        # An int32 trip count: a 64-bit loop counter costs the registers that made the
-        # BLOCK_M=16 tiles spill on sm_80/sm_90 (the addresses stay 64-bit).
-        for h in range(0, hidden_vecs * VEC, BLOCK_H):
+        for h in range(0, hidden, BLOCK_H):
             cols = h + tl.arange(0, BLOCK_H)
             col_ok = (cols < hidden)[None, :]
             mm = tl.load(
