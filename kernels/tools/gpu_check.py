@@ -392,7 +392,8 @@ def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:
     summary.targets = report.targets() if report else []
     skipped = report.skipped() if report else []
     failures = report.failures() if report else ["the benchmark produced no report"]
-    step.detail = f"{len(report.records) if report else 0} paths measured"
+    measured = [r for r in report.records if "skipped" not in r] if report else []
+    step.detail = f"{len(measured)} (case, path) pairs measured"
     if failures:
         step.status, step.detail = "failed", step.detail + f"; {len(failures)} correctness failures"
     elif skipped:
