@@ -16,6 +16,15 @@ mkdir -p "$SITE/mm_schedule"
 for entry in "$REPO"/mm_schedule/*; do ln -s "$entry" "$SITE/mm_schedule/"; done
 ln -s "$REPO/kernels" "$SITE/mm_schedule/kernels"
 ln -s "$REPO/codemods" "$SITE/mm_schedule/codemods"
+# Folders given relative to where this was started, made absolute before leaving it.
+args=()
+while (($#)); do
+  case $1 in
+    --out|--results-dir) args+=("$1" "$(realpath -m -- "${2:-}")"); shift; shift || true ;;
+    --out=*|--results-dir=*) args+=("${1%%=*}=$(realpath -m -- "${1#*=}")"); shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
 # From the repository root, Python would import mm_schedule/ without kernels/ beside it.
 cd "$SITE" || exit 1
-PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m mm_schedule.kernels.tools.gpu_check "$@"
+PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m mm_schedule.kernels.tools.gpu_check ${args[@]+"${args[@]}"}

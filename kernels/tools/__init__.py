@@ -6,6 +6,7 @@
 - ``timing``: the one GPU timer (CUDA events over cold caches, CUDA-graph replay) used
   by the tuner and the benchmarks;
 - ``aot``: compiles every kernel variant for NVIDIA and AMD targets without a GPU;
+  ``asm`` reads the PTX/AMDGCN it produces (vector width, waits, conversions);
 - ``gpu_check``: the unattended check for a machine with a GPU (GPU tests, tuner,
   benchmark) in one process.
 """

@@ -37,6 +37,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -88,6 +89,7 @@ class _Tee:
     def write(self, text):
         self.stream.write(text)
         self.log.write(text)
+        self.log.flush()  # a run killed from outside keeps its log
         return len(text)
 
     def flush(self):
@@ -165,10 +167,19 @@ def main(argv=None) -> int:
         command=" ".join(["python -m mm_schedule.kernels.tools.gpu_check", *(argv or sys.argv[1:])]),
         dry_run=args.dry_run,
     )
+    # A `timeout` or a job runner stops the run with SIGTERM: end it like Ctrl-C, so the
+    # summary still says how far it got.
+    signal.signal(signal.SIGTERM, _interrupt)
     with open(out / "gpu_check.log", "a", encoding="utf-8") as log:
         with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
             with contextlib.redirect_stderr(_Tee(sys.stderr, log)):
-                status = _run(args, out, summary)
+                try:
+                    status = _run(args, out, summary)
+                except KeyboardInterrupt:
+                    status = 1
+                    running = [s for s in summary.steps if s.status == "not run"]
+                    for step in running:
+                        step.status, step.detail = "timed out", "stopped from outside (signal)"
                 summary.exit_status = status
                 summary.write(out)
                 _print_summary(summary)
@@ -176,6 +187,10 @@ def main(argv=None) -> int:
     if results is not None and summary.environment:
         _copy_results(out, results, summary.environment)
     return status
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _run(args, out: Path, summary: Summary) -> int:
@@ -377,7 +392,8 @@ def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:
     summary.targets = report.targets() if report else []
     skipped = report.skipped() if report else []
     failures = report.failures() if report else ["the benchmark produced no report"]
-    step.detail = f"{len(report.records) if report else 0} paths measured"
+    measured = [r for r in report.records if "skipped" not in r] if report else []
+    step.detail = f"{len(measured)} (case, path) pairs measured"
     if failures:
         step.status, step.detail = "failed", step.detail + f"; {len(failures)} correctness failures"
     elif skipped:

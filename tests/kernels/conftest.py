@@ -79,3 +79,10 @@ def helpers():
     h.random_rows = random_rows
     h.FLOAT_DTYPES = FLOAT_DTYPES
     return h
+
+
+@pytest.fixture(scope="session")
+def aot_cache_dir(tmp_path_factory):
+    """One Triton cache for every ahead-of-time compile of the session: a kernel variant
+    two AOT test modules both compile is built once."""
+    return str(tmp_path_factory.mktemp("triton-aot-cache"))

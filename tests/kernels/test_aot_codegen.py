@@ -78,12 +78,12 @@ def _cases():
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled(tmp_path_factory, aot_cache_dir):
     """``id -> (case, assembly text)`` for every case above, compiled once."""
     folder = tmp_path_factory.mktemp("asm")
     (folder / "cases.json").write_text(json.dumps(_cases()))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    env["TRITON_CACHE_DIR"] = aot_cache_dir
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     done = subprocess.run(
         [sys.executable, "-c", COMPILE, str(folder / "cases.json"), str(folder)],

@@ -19,9 +19,9 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "kernels" / "configs"
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled(aot_cache_dir):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton-cache"))
+    env["TRITON_CACHE_DIR"] = aot_cache_dir
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run(
         [sys.executable, "-m", "mm_schedule.kernels.tools.aot", "--targets", ",".join(TARGETS)],

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason="runs the kernels through the Triton interpreter",
 )
 
+REPO = Path(__file__).resolve().parents[2]
 TINY = parse_config_space("BLOCK_M=4;BLOCK_H=64;num_warps=1;num_stages=1")
 
 
@@ -141,3 +143,17 @@ def test_compiles_are_not_charged_to_the_cap():
     time.sleep(0.06)
     assert budget.exceeded()
     assert Budget(hard_deadline=time.monotonic() - 1).exceeded()
+
+
+def test_wrapper_runs_from_anywhere_with_a_relative_out(tmp_path):
+    """What runs on the GPU machine: the shell wrapper, nothing installed, any cwd."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHON=sys.executable)
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", "rel",
+         "--skip", "tests,bench"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    summary = json.loads((tmp_path / "rel" / "gpu_check.json").read_text())
+    assert summary["environment"]["repository"] == str(REPO)
+    assert (tmp_path / "rel" / "tuned" / "segment_gather" / "cpu.json").is_file()
