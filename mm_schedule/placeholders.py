@@ -72,7 +72,7 @@ def _table_lookup(ids: Any, pads: Any) -> Any:
     table = pads[:1].expand(rows, size).clone()
     table[depth, bucket] = pads[order]
     slot = ids & (size - 1)
-    mask = table[0][slot] == ids
+    mask = table[0].index_select(0, slot) == ids
     for row in table[1:]:
-        mask |= row[slot] == ids
+        mask |= row.index_select(0, slot) == ids
     return mask
