@@ -104,14 +104,12 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     if cache is not None and keys:
         tensors, layout = cache.lookup_many(keys, rows)
         kinds = [MISS if t is None else HIT for t in tensors]
-        hit_items = [item for source, item in zip(seg_source, seg_item) if tensors[source] is not None]
     else:
         tensors = [None] * len(keys)
         kinds = [MISS] * len(keys)
-        hit_items = []
     return StepPlan(
         kinds, keys, rows, requests, modalities, tensors, first_items, {},
         seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
         batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
-        hit_items, packed, token_base, layout,
+        seg_source, seg_item, packed, token_base, layout, budget,
     )

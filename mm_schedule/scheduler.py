@@ -113,7 +113,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
-    if plan.hit_items and context.on_cache_hit is not None:
+    if context.on_cache_hit is not None and HIT in plan.kinds:
         context.on_cache_hit(plan.hit_items, context.parallel)
 
 
