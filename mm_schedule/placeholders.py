@@ -33,7 +33,7 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
     """``[N, 1]`` bool: which of the ``N`` tokens of ``input_ids`` is one of ``placeholder_ids``."""
     import torch
 
-    ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
+    ids = input_ids.reshape(-1)
     _integer(ids, "input_ids")
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
     _integer(pads, "placeholder ids")
@@ -46,8 +46,8 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
         ids, pads = ids.to(common), pads.to(common)
     n = pads.numel()
     if n <= _FEW_IDS:
-        mask = torch.isin(ids, pads)
-    elif ids.device.type == "cpu":
+        return torch.isin(ids.view(-1, 1), pads)  # already [N, 1]
+    if ids.device.type == "cpu":
         mask = _table_lookup(ids, pads)
     else:
         pads = pads.sort().values

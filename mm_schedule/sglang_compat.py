@@ -118,7 +118,7 @@ def get_embedding_and_mask(
     if result.embedding is None:
         return None, None, input_ids
     mask = placeholder_mask(input_ids, placeholder_tensor)
-    placeholders = int(mask.sum())
+    placeholders = int(mask.count_nonzero())
     if placeholders != result.embedding.shape[0]:
         raise EmbeddingLengthMismatch(
             expected=placeholders, received=result.embedding.shape[0], what="embedding rows for the placeholder tokens"
