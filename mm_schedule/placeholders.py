@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .errors import InvalidItemError
 
 _FEW_IDS = 8  # isin compares directly below 10 * tokens**0.145 ids, which is >= 10
@@ -31,8 +33,6 @@ def _integer(t: Any, what: str) -> None:
 
 def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
     """``[N, 1]`` bool: which of the ``N`` tokens of ``input_ids`` is one of ``placeholder_ids``."""
-    import torch
-
     ids = input_ids.reshape(-1)
     _integer(ids, "input_ids")
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
@@ -57,8 +57,6 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
-    import torch
-
     n = pads.numel()
     size = 1 << (_TABLE_SLOTS_PER_ID * n - 1).bit_length()
     bucket = pads & (size - 1)

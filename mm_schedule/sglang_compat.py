@@ -114,16 +114,18 @@ def get_embedding_and_mask(
         [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, list(extend_length),
         list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
     )
-    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
-    if result.embedding is None:
+    if not plan.n_rows:
         return None, None, input_ids
+    # Checked before anything is encoded or cached: a prompt whose placeholder tokens and
+    # item offsets disagree would otherwise pair rows with the wrong tokens downstream.
     mask = placeholder_mask(input_ids, placeholder_tensor)
     placeholders = int(mask.count_nonzero())
-    if placeholders != result.embedding.shape[0]:
+    if placeholders != plan.n_rows:
         raise EmbeddingLengthMismatch(
-            expected=placeholders, received=result.embedding.shape[0], what="embedding rows for the placeholder tokens"
+            expected=placeholders, received=plan.n_rows, what="embedding rows for the placeholder tokens"
             " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
         )
+    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
 
 
