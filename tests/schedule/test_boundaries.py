@@ -185,19 +185,21 @@ def test_cache_hits_count_embeddings_and_hit_uses_count_requests():
 # -- SGLang-compatible API --------------------------------------------------------------------
 
 
-def _compat_step(ids, pads=(9,)):
+def _compat_step(ids, pads=(9,), encoder=None):
     items = [MMItem(hash=60, offsets=[(1, 3)], feature=torch.zeros(1), pad_value=pads[0])]
-    return get_embedding_and_mask(CountingEncoder(), items, torch.tensor(pads), ids, [0, 1], [0], [5],
+    return get_embedding_and_mask(encoder or CountingEncoder(), items, torch.tensor(pads), ids, [0, 1], [0], [5],
                                   [[(1, 3)]])
 
 
 def test_compat_placeholder_count_must_match_rows():
+    """Checked before the encoder runs: nothing is encoded or cached for such a step."""
     mm_schedule.init_mm_embedding_cache(1 << 20)
-    ok = torch.tensor([0, 9, 9, 9, 0])
-    emb, mask, _ = _compat_step(ok)
-    assert emb.shape[0] == int(mask.sum()) == 3
+    enc = CountingEncoder()
     with pytest.raises(EmbeddingLengthMismatch, match="expected 4, got 3"):
-        _compat_step(torch.tensor([9, 9, 9, 9, 0]))
+        _compat_step(torch.tensor([9, 9, 9, 9, 0]), encoder=enc)
+    assert enc.calls == [] and len(mm_schedule.embedding_cache) == 0
+    emb, mask, _ = _compat_step(torch.tensor([0, 9, 9, 9, 0]), encoder=enc)
+    assert emb.shape[0] == int(mask.sum()) == 3 and enc.calls == [[60]]
 
 
 def test_int64_placeholder_ids_are_never_narrowed():
