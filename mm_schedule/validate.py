@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .cache import owns_storage
 from .encode import Encoder
 from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
 from .plan import HIT, PRECOMPUTED, StepPlan
@@ -175,15 +176,11 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         for s, piece in zip(batch, pieces):
-            if encoder.copy_outputs and _owns(piece):
+            if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
         encoded.extend(batch)
     return encoded
-
-
-def _owns(t: Any) -> bool:
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
