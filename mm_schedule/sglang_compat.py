@@ -106,13 +106,13 @@ def get_embedding_and_mask(
     cache = embedding_cache
     if cache is None:
         _warn_uncached()
-    items = embedding_items if isinstance(embedding_items, (list, tuple)) else list(embedding_items)
-    prefixes = list(prefix_length)
+    items = _as_list(embedding_items)
+    prefixes = _as_list(prefix_length)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
     plan = plan_columns(
-        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, list(extend_length),
-        list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
+        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, _as_list(extend_length),
+        _as_list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
     )
     if not plan.n_rows:
         return None, None, input_ids
@@ -127,6 +127,11 @@ def get_embedding_and_mask(
         )
     result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
+
+
+def _as_list(values: Any) -> list | tuple:
+    """``values`` as a sequence; any other iterable is read once, so a generator loses nothing."""
+    return values if type(values) is list or type(values) is tuple else list(values)
 
 
 def _warn_uncached() -> None:
