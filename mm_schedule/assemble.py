@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from .kernels.trusted import copy_segments
-from .plan import HIT, StepPlan
+from .plan import StepPlan
 
 
 class SegmentTable:
@@ -53,14 +55,24 @@ def one_dtype(tensors: Sequence[Any], target: Any) -> list[Any]:
     return [t if t is None or t.dtype == target else t.to(target) for t in tensors]
 
 
-def copy_rows(plan: StepPlan, tensors: list[Any], table: SegmentTable, dst: Any, cache: Any) -> Any:
+def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: Any, cache: Any) -> Any:
     """Run the table into ``dst``. If that fails, the step's cached entries are evicted
     before the error propagates: a bad entry is never served again."""
     try:
         return copy_segments(tensors, table, dst)
     except Exception:
         if cache is not None:
-            for key, kind in zip(plan.keys, plan.kinds):
-                if kind is HIT:
-                    cache.discard(key)
+            cache.discard_many(plan.hit_keys)
         raise
+
+
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any) -> Any:
+    """The packed rows of a table that is every source whole and in order (see
+    ``packed_table``): their concatenation. Failures evict like ``copy_rows``."""
+    try:
+        return torch.cat(tensors)
+    except Exception:
+        if cache is not None:
+            cache.discard_many(plan.hit_keys)
+        raise
+
