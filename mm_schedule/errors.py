@@ -92,3 +92,9 @@ class GraphCaptureError(MMScheduleError, RuntimeError):
     """A call that stages host data per call (and so cannot be replayed from a CUDA graph)
     was made while the current stream is capturing; plan outside the capture and capture
     only ``run_segments``."""
+
+
+class CachedEmbeddingError(MMScheduleError, ValueError):
+    """A cached embedding does not fit the step that hit it (hidden size, dtype or
+    device), or assembling it failed. The entry has been evicted, so the next step
+    encodes the item again; the message names the request and the item hash."""

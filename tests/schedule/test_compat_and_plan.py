@@ -8,6 +8,7 @@ import torch
 import mm_schedule
 from mm_schedule import (
     EmbeddingCache,
+    Encoder,
     MMItem,
     ParallelContext,
     PerImageRequestInfo,
@@ -17,7 +18,6 @@ from mm_schedule import (
     merge_chunk,
     plan_step,
 )
-from mm_schedule.encode import encoder_moves_its_inputs
 from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, PrecomputedEmbeddingError
 
 from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
@@ -88,7 +88,7 @@ def test_planning_touches_no_tensor_and_skips_requests_outside_their_items():
     items = [MMItem(hash=1, offsets=[(10, 19)], feature=Untouchable())]
     cache = EmbeddingCache(1 << 20)
     plan = plan_step([RequestChunk(items=items, prefix=0, extend=10)], cache)
-    assert plan.sources == [] and plan.segments == [] and plan.encoder_batches == []
+    assert plan.sources == [] and plan.segments == [] and not plan.encoder_batches
     assert cache.stats().misses == 0  # not even a lookup
     enc = CountingEncoder()
     result = embed_chunk([RequestChunk(items=items, prefix=20, extend=5)], enc, cache=cache)
@@ -107,7 +107,7 @@ def test_segment_table_layout():
         (1, 0, 2, 2, 4),
         (0, 0, 4, 4, 6),
     ]
-    assert plan.encoder_batches == [("IMAGE", [0, 1])]
+    assert list(plan.encoder_batches) == [("IMAGE", (0, 1))]
 
 
 def test_token_budget_splits_encoder_calls():
@@ -203,22 +203,19 @@ class FakeFeature:
         return self
 
 
-def test_miss_features_are_moved_unless_the_encoder_moves_them():
+def test_features_are_moved_only_when_the_encoder_asks():
+    """Moving features is the encoder's own choice: a bare callable's items are never
+    touched; ``Encoder(fn, move_features=True)`` gets them moved to the step's device."""
     feat = FakeFeature()
     req = RequestChunk(items=[MMItem(hash=1, offsets=[(0, 1)], feature=feat)], prefix=0, extend=2)
     embed_chunk([req], CountingEncoder(), device=torch.device("cpu"))
-    assert feat.moved_to == (torch.device("cpu"), True)
+    assert feat.moved_to is None
 
-    class Qwen3VLForConditionalGeneration:
-        def get_image_feature(self, items):
-            return torch.cat([truth(it.hash, 2) for it in items])
-
-    fn = Qwen3VLForConditionalGeneration().get_image_feature
-    assert encoder_moves_its_inputs(fn)
     feat2 = FakeFeature()
     req2 = RequestChunk(items=[MMItem(hash=2, offsets=[(0, 1)], feature=feat2)], prefix=0, extend=2)
-    embed_chunk([req2], fn, device=torch.device("cpu"))
-    assert feat2.moved_to is None
+    embed_chunk([req2], Encoder(CountingEncoder(), move_features=True), device=torch.device("cpu"))
+    assert feat2.moved_to == (torch.device("cpu"), True)
+    assert req2.items[0].feature is feat2  # FakeFeature.to returns itself
 
 
 @pytest.mark.parametrize("n_ids", [0, 1, 3, 300])
@@ -230,3 +227,59 @@ def test_placeholder_mask_matches_isin(n_ids):
     mask = mm_schedule.placeholder_mask(input_ids, ids)
     assert mask.shape == (input_ids.numel(), 1)
     assert torch.equal(mask[:, 0], torch.isin(input_ids, ids))
+
+
+def test_with_misses_re_encodes_hits_another_rank_missed():
+    """The seam for ranks agreeing on misses: a hit turned into a miss is encoded again,
+    batched with the other misses, and is no longer acknowledged as a hit."""
+    cache = EmbeddingCache(1 << 20)
+    shared = image(1, 0, 3)
+    embed_chunk([RequestChunk(items=[shared], prefix=0, extend=3)], CountingEncoder(), cache=cache)
+    reqs = [RequestChunk(items=[shared, image(2, 4, 2)], prefix=0, extend=6)]
+    plan = plan_step(reqs, cache, max_tokens_per_encoder_call=100)
+    assert [s.status for s in plan.sources] == [mm_schedule.SourceKind.HIT, mm_schedule.SourceKind.MISS]
+    assert plan.hit_items == [shared]
+    agreed = plan.with_misses([0])
+    assert list(agreed.encoder_batches) == [("IMAGE", (0, 1))] and agreed.hit_items == []
+    assert plan.kinds[0] is mm_schedule.SourceKind.HIT  # the original plan is unchanged
+    from mm_schedule.scheduler import run_packed
+
+    enc = CountingEncoder()
+    got = run_packed(agreed, enc, cache, StepContext()).embedding
+    assert enc.calls == [[1, 2]] and torch.equal(got, naive_reference(reqs))
+
+
+def test_flat_and_general_planners_build_the_same_plan():
+    """On steps the flat planner takes, the general planner (which it defers to for
+    everything else) must build exactly the same plan."""
+    import random
+
+    from mm_schedule.plan_flat import plan_flat
+    from mm_schedule.plan_general import plan_general
+
+    rng = random.Random("flat vs general")
+    compared = 0
+    for _ in range(200):
+        item_lists, prefixes, extends, offsets = [], [], [], []
+        for r in range(rng.randint(1, 5)):
+            pos, items = rng.randint(0, 3), []
+            for _ in range(rng.randint(0, 4)):
+                length = rng.randint(1, 6)
+                h = rng.choice([rng.randint(1, 5), 100 * r + len(items) + 10])
+                items.append(MMItem(hash=h, offsets=[(pos, pos + length - 1)], feature=torch.zeros(1)))
+                pos += length + rng.randint(0, 2)
+            item_lists.append(items)
+            prefixes.append(rng.randint(0, 6))
+            extends.append(rng.randint(0, 10))
+            offsets.append([it.offsets[0] for it in items] if rng.random() < 0.5 else None)
+        rows = [None] * len(item_lists)
+        flat = plan_flat(item_lists, prefixes, extends, offsets, rows, None, 5)
+        general = plan_general(item_lists, prefixes, extends, offsets, rows, None, 5)
+        if flat is None:  # one hash with two lengths: only the general planner takes it
+            continue
+        for column in ("kinds", "keys", "rows", "requests", "modalities", "seg_source", "seg_src_row", "seg_rows",
+                       "seg_packed_row", "seg_token_row", "seg_request", "encoder_batches"):
+            assert list(getattr(flat, column)) == list(getattr(general, column)), column
+        assert (flat.n_rows, flat.n_tokens) == (general.n_rows, general.n_tokens)
+        compared += 1
+    assert compared > 150
