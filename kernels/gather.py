@@ -221,7 +221,7 @@ def launch_segments(
     n_dest, hidden = dest.shape
     first = sources[0]
     itemsize = first.element_size()
-    vec = 16 // min(dest.element_size(), itemsize)
+    vec = vector_width(dest.element_size(), itemsize)
     even_rows = hidden % vec == 0 and dest.data_ptr() % 16 == 0
     config_items = None if config is None else tuple(sorted(config.items()))
     device = dest.device
