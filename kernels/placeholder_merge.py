@@ -50,7 +50,7 @@ KERNEL_NAME = "placeholder_merge"
 if HAS_TRITON:
 
     @triton.jit(do_not_specialize=["n_tokens", "vocab", "n_mm", "hidden_vecs"])
-    def embedding_merge_kernel(
+    def placeholder_merge_kernel(
         ids_ptr,  # [T] token ids; read only when LOOKUP_TEXT
         is_mm_ptr,  # [T] uint8, 1 at placeholder tokens
         mm_count_ptr,  # [T] int64, inclusive running count of placeholders
@@ -282,7 +282,7 @@ def _launch_on_device(grid, input_ids, mask, counts, weight, embeddings, out, lo
 
     hidden = out.shape[-1]
     n_tokens = input_ids.numel()
-    embedding_merge_kernel[grid](
+    placeholder_merge_kernel[grid](
         input_ids,
         mask.view(torch.uint8),
         counts,

@@ -64,7 +64,7 @@ KERNELS = {
         KernelEntry(
             name="placeholder_merge",
             module="placeholder_merge",
-            jit_function="embedding_merge_kernel",
+            jit_function="placeholder_merge_kernel",
             launchers=("merge_by_placeholder_ids", "embed_with_placeholders"),
             reference="merge_by_placeholder_ids_ref",
             rows="tokens in input_ids; the dtype is the output's",
