@@ -217,8 +217,10 @@ def check_fused_rows(extends: Sequence[int], row_offsets: Sequence[int | None], 
         return
     ranges, base = [], 0
     for index, (extend, row) in enumerate(zip(extends, row_offsets)):
-        start = base if row is None else row
-        base = start + max(extend, 0) if row is not None else base + max(extend, 0)
+        # A request without its own row offset starts after every earlier request's
+        # extend tokens, as the planner places it.
+        start = base if row is None else as_index(row, request=index, what="row_offset")
+        base += max(extend, 0)
         if extend > 0:
             if start < 0 or start + extend > total_rows:
                 raise InvalidItemError(
