@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
 from .plan import RequestChunk
@@ -96,9 +97,15 @@ def get_embedding_and_mask(
     items_offset_list: list[list[tuple[int, int]]],
 ) -> tuple[Any, Any, Any]:
     """Packed embedding rows of this chunk for one modality, the placeholder mask over
-    ``input_ids``, and ``input_ids`` (unchanged). ``(None, None, input_ids)`` when the
-    chunk contains no placeholder of these items."""
+    ``input_ids``, and ``input_ids`` (a rewritten copy when an EVS video's placeholders
+    moved, see ``mm_schedule.evs``). ``(None, None, input_ids)`` when the chunk contains
+    no placeholder of these items."""
     n_requests = min(len(items_size) - 1, len(prefix_length))
+    if evs.pruned_video_requests(embedding_items, items_size, n_requests):
+        return evs.get_embedding_and_mask(
+            data_embedding_func, embedding_items, placeholder_tensor, input_ids, items_size,
+            prefix_length, extend_length, items_offset_list, cache=embedding_cache, context=_step_context,
+        )
     requests = [
         RequestChunk(
             items=embedding_items[items_size[i] : items_size[i + 1]],
