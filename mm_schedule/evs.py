@@ -8,9 +8,10 @@ placeholders is resized to what that frame kept. The prompt keeps its length, bu
 the video the placeholders move, so a chunk's rows *and its input_ids* depend on the
 encoder's output. This is SGLang 0.5.19's behaviour for ``get_embedding_and_mask``:
 
-* an item takes part when its ``model_specific_data`` holds ``"pre_chunked_input_ids"``,
+* a video item takes part when its ``model_specific_data`` holds ``"pre_chunked_input_ids"``,
   the whole prompt as the processor produced it; it must be the only item of its modality
-  in its request (the frame counts describe one video);
+  in its request (the frame counts describe one video), and the call is for videos only
+  (SGLang calls once per modality);
 * the rewritten prompt is that prompt with span k replaced by ``num_tokens_per_frame[k]``
   copies of the item's ``pad_value`` (an item with a single span gets their sum);
   everything else is copied;
@@ -37,7 +38,7 @@ from .cache import EmbeddingCache, EmbeddingResult, combine_hashes
 from .context import StepContext
 from .encode import encoder_moves_its_inputs, move_features_to, split_encoder_output
 from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
-from .items import Span, check_spans, item_spans, span_tokens
+from .items import Span, check_spans, item_spans, modality_name, span_tokens
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
 
@@ -56,7 +57,10 @@ def is_pruned_video(item: Any) -> bool:
 
 def pruned_video_requests(items: Sequence[Any], items_size: Sequence[int], n_requests: int) -> list[int]:
     """Requests (SGLang layout) whose first item is an EVS video; SGLang reads the frame
-    counts against its request's first item too."""
+    counts against its request's first item too. SGLang calls once per modality, so a
+    call whose first item is not a video has none, and image calls skip the scan."""
+    if not items or modality_name(getattr(items[0], "modality", "IMAGE")) != "VIDEO":
+        return []
     return [
         i for i in range(n_requests)
         if items_size[i] < items_size[i + 1] and is_pruned_video(items[items_size[i]])
