@@ -81,3 +81,9 @@ class KernelConfigError(MMScheduleError, ValueError):
     """A per-GPU kernel config file (or the folder named by
     ``MM_SCHEDULE_KERNEL_CONFIG_DIR``) is missing or malformed; the message names the
     file and the entry that is wrong."""
+
+
+class CachedEmbeddingError(MMScheduleError, ValueError):
+    """A cached embedding does not fit the step that hit it (hidden size, dtype or
+    device), or assembling it failed. The entry has been evicted, so the next step
+    encodes the item again; the message names the request and the item hash."""

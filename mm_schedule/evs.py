@@ -34,11 +34,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cache import EmbeddingCache, EmbeddingResult, combine_hashes
+from .cache import EmbeddingCache, EmbeddingResult, combine_hashes, owns_storage
 from .context import StepContext
-from .encode import encoder_moves_its_inputs, move_features_to, split_encoder_output
+from .encode import Encoder, as_encoder, move_features_to
 from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
+from .validate import Expected, check_tensor
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
 
@@ -150,10 +151,28 @@ class _PrunedVideo:
             )
         return counts
 
-    def rows_of(self, value: Any, counts: list[int] | None) -> Any:
-        """The 2-D rows of an encoder output or cache value, validated."""
-        expected = self.placeholders if counts is None else sum(counts)
-        return split_encoder_output(value, [expected], [(self.index, self.hash)], whole=True)[0]
+    def rows_of(self, value: Any, counts: list[int] | None, expected: Expected) -> Any:
+        """The 2-D rows of an encoder output or cache value, validated like any encoder
+        output: one floating tensor (or a one-item list) on the step's device, with the
+        step's hidden size and one row per kept token."""
+        if not hasattr(value, "shape") and hasattr(value, "embedding"):
+            value = value.embedding
+        if isinstance(value, (list, tuple)):
+            if len(value) != 1:
+                raise EmbeddingLengthMismatch(
+                    expected=1, received=len(value), request=self.index, item_hash=self.hash,
+                    what="encoder outputs (one tensor per item)",
+                )
+            value = value[0]
+        where = f"request {self.index}, item hash {self.hash}"
+        rows = check_tensor(value, expected, where, "the video embedding")
+        want = self.placeholders if counts is None else sum(counts)
+        if rows.shape[0] != want:
+            raise EmbeddingLengthMismatch(
+                expected=want, received=rows.shape[0], request=self.index, item_hash=self.hash,
+                what="video embedding rows" if counts is None else "pruned video rows (sum of num_tokens_per_frame)",
+            )
+        return rows
 
     def chunk(self, rows: Any, counts: list[int] | None) -> _Chunk:
         window_end = self.prefix + self.extend
@@ -176,97 +195,108 @@ class _PrunedVideo:
         return _Chunk(rows=rows[before : before + window.count(int(filler))], window=window)
 
 
-def _resolve(
-    video: _PrunedVideo, encoder: Callable, cache: EmbeddingCache | None, context: StepContext, device: Any
-) -> tuple[Any, list[int] | None]:
+@dataclass
+class _Resolved:
+    rows: Any
+    counts: list[int] | None
+    hit: bool
+    key: int
+
+
+def _resolve(video: _PrunedVideo, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected) -> _Resolved:
     """Rows and frame counts of the video: from the cache when a valid entry is there,
-    else from the encoder (validated, then cached)."""
+    else from the encoder (validated; the caller caches it once the whole step is valid)."""
     key = combine_hashes([int(video.hash)])
     cached = cache.get_single(key) if cache is not None else None
     if cached is not None:
         try:
             counts = video.frame_tokens(cached)
-            rows = video.rows_of(cached, counts)
+            return _Resolved(video.rows_of(cached, counts, expected), counts, True, key)
         except (EmbeddingLengthMismatch, EncoderOutputError):
-            cache.free(key)  # another video under a colliding key, or a stale entry: re-encode
-        else:
-            if context.on_cache_hit is not None:
-                context.on_cache_hit([video.item], context.parallel)
-            return rows, counts
-    should_move = not encoder_moves_its_inputs(encoder) if context.move_features is None else context.move_features
-    if device is not None and should_move:
-        move_features_to([video.item], device)
+            cache.free(key)  # another video under a colliding key, or a stale entry: encode again
+    if encoder.move_features and expected.device is not None:
+        move_features_to([video.item], expected.device)
     output = encoder([video.item])
     counts = video.frame_tokens(output)
-    rows = video.rows_of(output, counts)
-    if cache is not None:
-        value = EmbeddingResult(embedding=rows) if counts is None else EVSEmbeddingResult(embedding=rows, num_tokens_per_frame=tuple(counts))
-        cache.set(key, value)
-    return rows, counts
+    return _Resolved(video.rows_of(output, counts, expected), counts, False, key)
+
+
+def _cache_value(resolved: _Resolved) -> Any:
+    rows = resolved.rows.detach()
+    if not owns_storage(rows):
+        rows = rows.clone()  # an entry never pins the encoder's whole output buffer
+    if resolved.counts is None:
+        return EmbeddingResult(embedding=rows)
+    return EVSEmbeddingResult(embedding=rows, num_tokens_per_frame=tuple(resolved.counts))
 
 
 # -- the SGLang-compatible entry ----------------------------------------------------------
 
 
-def get_embedding_and_mask(
+def rows_and_input_ids(
     data_embedding_func: Callable,
-    embedding_items: list[Any],
-    placeholder_tensor: Any,
+    items: Sequence[Any],
     input_ids: Any,
-    items_size: list[int],
-    prefix_length: list[int],
-    extend_length: list[int],
-    items_offset_list: list[list[Span]],
+    items_size: Sequence[int],
+    prefixes: list[int],
+    extends: list[int],
+    offsets: list[Any],
     *,
     cache: EmbeddingCache | None,
     context: StepContext,
-) -> tuple[Any, Any, Any]:
-    """``sglang_compat.get_embedding_and_mask`` for a batch with EVS videos in it: the
-    other requests take the ordinary path (batched across requests), the EVS ones are
-    resolved one by one; rows come out in request order and ``input_ids`` is a new tensor
-    when any window was rewritten."""
+) -> tuple[Any, Any]:
+    """The rows of a batch with EVS videos in it (SGLang layout), in request order, and
+    its ``input_ids`` (a new tensor when a window was rewritten). The other requests take
+    the ordinary path, batched across requests; the EVS ones are resolved one by one
+    after them, the order SGLang calls the encoder in. Nothing is cached or acknowledged
+    before the whole step is valid."""
     import torch
 
-    from .plan import RequestChunk
-    from .scheduler import embed_chunk
-    from .sglang_compat import count_mm_tokens_in_extend, placeholder_mask
+    from .planner import plan_columns
+    from .scheduler import run_packed
+    from .sglang_compat import count_mm_tokens_in_extend
 
-    n_requests = min(len(items_size) - 1, len(prefix_length))
-    pruned = set(pruned_video_requests(embedding_items, items_size, n_requests))
+    n_requests = min(len(items_size) - 1, len(prefixes))
+    pruned = set(pruned_video_requests(items, items_size, n_requests))
     device = input_ids.device
     chunks: dict[int, _Chunk] = {}
-    # The ordinary requests first (one batched encoder call), then the EVS ones in request
-    # order: the order SGLang calls the encoder in.
     plain = [i for i in range(n_requests) if i not in pruned and items_size[i] < items_size[i + 1]]
     packed = None
     if plain:
-        requests = [
-            RequestChunk(
-                items=embedding_items[items_size[i] : items_size[i + 1]], prefix=prefix_length[i],
-                extend=extend_length[i], offsets=items_offset_list[i],
-            )
-            for i in plain
-        ]
-        packed = embed_chunk(requests, data_embedding_func, cache=cache, context=context, device=device).embedding
+        plan = plan_columns(
+            [items[items_size[i] : items_size[i + 1]] for i in plain], [prefixes[i] for i in plain],
+            [extends[i] for i in plain], [offsets[i] for i in plain], [None] * len(plain), cache,
+            context.max_tokens_per_encoder_call,
+        )
+        packed = run_packed(plan, data_embedding_func, cache, context, device=device, move_features=True).embedding
     cursor = 0
     for i in plain:
-        n = count_mm_tokens_in_extend([prefix_length[i]], [extend_length[i]], [items_offset_list[i]])
+        n = count_mm_tokens_in_extend([prefixes[i]], [extends[i]], [offsets[i]])
         if n:
             chunks[i] = _Chunk(rows=packed[cursor : cursor + n])
             cursor += n
-    for i in sorted(pruned):
-        video = _PrunedVideo(
-            i, embedding_items[items_size[i] : items_size[i + 1]], prefix_length[i], extend_length[i], items_offset_list[i]
-        )
-        if video.needs_encoder():
-            chunks[i] = video.chunk(*_resolve(video, data_embedding_func, cache, context, device))
 
-    ids = _rewrite_windows(input_ids, chunks, extend_length, n_requests)
+    encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
+    expected = Expected(packed.shape[-1] if packed is not None else None, device)
+    resolved = []
+    for i in sorted(pruned):
+        video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
+        if video.needs_encoder():
+            found = _resolve(video, encoder, cache, expected)
+            chunks[i] = video.chunk(found.rows, found.counts)
+            resolved.append((video, found))
+    ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
+
+    for video, found in resolved:
+        if found.hit:
+            if context.on_cache_hit is not None:
+                context.on_cache_hit([video.item], context.parallel)
+        elif cache is not None:
+            cache.set(found.key, _cache_value(found))
     pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
     if not pieces:
-        return None, None, ids
-    rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    return rows, placeholder_mask(ids, placeholder_tensor), ids
+        return None, ids
+    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)), ids
 
 
 def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int) -> Any:
