@@ -200,25 +200,24 @@ class _Resolved:
     rows: Any
     counts: list[int] | None
     hit: bool
-    key: int
 
 
-def _resolve(video: _PrunedVideo, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected) -> _Resolved:
+def _resolve(video: _PrunedVideo, key: int, encoder: Encoder, cache: EmbeddingCache | None,
+             expected: Expected) -> _Resolved:
     """Rows and frame counts of the video: from the cache when a valid entry is there,
     else from the encoder (validated; the caller caches it once the whole step is valid)."""
-    key = combine_hashes([int(video.hash)])
     cached = cache.get_single(key) if cache is not None else None
     if cached is not None:
         try:
             counts = video.frame_tokens(cached)
-            return _Resolved(video.rows_of(cached, counts, expected), counts, True, key)
+            return _Resolved(video.rows_of(cached, counts, expected), counts, True)
         except (EmbeddingLengthMismatch, EncoderOutputError):
             cache.free(key)  # another video under a colliding key, or a stale entry: encode again
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
     counts = video.frame_tokens(output)
-    return _Resolved(video.rows_of(output, counts, expected), counts, False, key)
+    return _Resolved(video.rows_of(output, counts, expected), counts, False)
 
 
 def _cache_value(resolved: _Resolved) -> Any:
@@ -278,21 +277,29 @@ def rows_and_input_ids(
 
     encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
     expected = Expected(packed.shape[-1] if packed is not None else None, device)
-    resolved = []
+    # A video shared by several requests is resolved once; the placeholder count is part
+    # of the key so that colliding hashes of different videos are never merged.
+    by_key: dict[tuple[int, int], _Resolved] = {}
+    hit_items = []
     for i in sorted(pruned):
         video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
-        if video.needs_encoder():
-            found = _resolve(video, encoder, cache, expected)
-            chunks[i] = video.chunk(found.rows, found.counts)
-            resolved.append((video, found))
+        if not video.needs_encoder():
+            continue
+        key = combine_hashes([int(video.hash)])
+        found = by_key.get((key, video.placeholders))
+        if found is None:
+            found = by_key[key, video.placeholders] = _resolve(video, key, encoder, cache, expected)
+        chunks[i] = video.chunk(found.rows, found.counts)
+        if found.hit:
+            hit_items.append(video.item)
     ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
 
-    for video, found in resolved:
-        if found.hit:
-            if context.on_cache_hit is not None:
-                context.on_cache_hit([video.item], context.parallel)
-        elif cache is not None:
-            cache.set(found.key, _cache_value(found))
+    if cache is not None:
+        for (key, _), found in by_key.items():
+            if not found.hit:
+                cache.set(key, _cache_value(found))
+    if hit_items and context.on_cache_hit is not None:
+        context.on_cache_hit(hit_items, context.parallel)
     pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
     if not pieces:
         return None, ids

@@ -163,6 +163,26 @@ def test_chunked_prefill_matches_the_naive_reference(backend, seed):
     assert all(len(c) == 1 for c in evs_calls)
 
 
+def _shifted(p: Prompt, text: list[int]) -> Prompt:
+    """The same video (hash, rows, kept tokens) in another prompt, ``text`` before it."""
+    q = Prompt.__new__(Prompt)
+    q.__dict__.update(p.__dict__)
+    q.ids = text + p.ids
+    q.video = MMItem(
+        modality="VIDEO", hash=p.video.hash, offsets=[(s + len(text), e + len(text)) for s, e in p.video.offsets],
+        pad_value=p.pad, model_specific_data={PRE_CHUNKED_KEY: list(q.ids)},
+    )
+    return q
+
+
+def test_a_video_shared_by_two_requests_is_encoded_once():
+    p = Prompt(random.Random(12), h=13, frames=3)
+    prompts = [p, _shifted(p, [7, 8, 9])]
+    encoder = EVSEncoder(prompts)
+    _check(prompts, [(0, len(q.ids)) for q in prompts], encoder)
+    assert encoder.calls == [[13]]
+
+
 def test_whole_prompt_in_one_step_video_only_call():
     rng = random.Random(42)
     prompts = [Prompt(rng, h=7, frames=4), Prompt(rng, h=8, frames=1)]
