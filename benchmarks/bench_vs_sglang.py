@@ -488,7 +488,7 @@ def checkout_root() -> Path:
 
 def environment(releases, stubbed: list[str]) -> list[str]:
     root = checkout_root()
-    status = _git(root, "status", "--porcelain", "--untracked-files=no")
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
     dirty = "" if status == "?" else " (with uncommitted changes)"  # "?": clean, or not a git checkout
     cpu = platform.processor() or platform.machine()
     try:
