@@ -26,6 +26,9 @@ requests (EVS or not) share a batch, provided ``input_ids`` is exactly the liste
 requests' extend tokens; a window that misses the video neither encodes nor rewrites
 anything (the rewrite leaves the prompt outside the video as it was); every inconsistency
 is a typed error naming the request and item hash, never a crop or a host-side assert.
+Where ``input_ids`` cannot be rewritten (``embed_chunk``/``merge_chunk``, or a video
+without its prompt ids) an EVS result is refused (``EncoderOutputError``): its rows
+placed at the processor's positions would be silently wrong.
 """
 
 from __future__ import annotations

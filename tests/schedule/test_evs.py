@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mm_schedule
-from mm_schedule import MMItem, StepContext
+from mm_schedule import MMItem, RequestChunk, StepContext, embed_chunk
 from mm_schedule.errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
 from mm_schedule.evs import PRE_CHUNKED_KEY, EVSEmbeddingResult
 
@@ -317,3 +317,16 @@ def test_a_bad_cached_entry_is_discarded_and_reencoded():
     encoder = EVSEncoder([p])
     _check([p], [(0, len(p.ids))], encoder)
     assert len(encoder.calls) == 1
+
+
+def test_pruned_rows_are_refused_where_input_ids_cannot_be_rewritten():
+    """The explicit API has no input_ids to rewrite, and a video without the prompt ids
+    cannot be redistributed: both refuse an EVS result rather than misplace its rows."""
+    p = Prompt(random.Random(14), h=15, frames=3)
+    request = RequestChunk(items=[p.video], prefix=0, extend=len(p.ids))
+    with pytest.raises(EncoderOutputError, match="request 0 item hash 15: the encoder pruned video tokens"):
+        embed_chunk([request], EVSEncoder([p]))
+    p.video.model_specific_data.clear()
+    with pytest.raises(EncoderOutputError, match="pre_chunked_input_ids"):
+        mm_schedule.get_embedding_and_mask(EVSEncoder([p]), *_layout(p))
+    assert len(mm_schedule.embedding_cache) == 0
