@@ -458,6 +458,7 @@ def report(results: list[CaseResult], env: list[str], problems: list[str]) -> st
     rows = [[s] + [f"{r.median_us[s] / r.n_items:.2f}" for r in cached] +
             [_spread(cached, s)] for s in order]
     out += [_table(["side", *(str(r.n_items) for r in cached), "max/min from 64 items up"], rows), ""]
+    out += targets(results)
     out += ["## Checks", ""]
     if problems:
         out += [f"- FAIL {p}" for p in problems]
@@ -466,6 +467,41 @@ def report(results: list[CaseResult], env: list[str], problems: list[str]) -> st
                 "  bit-identical to an independent expectation (and so to each other) on the miss",
                 "  step, the first cached step and the last timed step of every case."]
     return "\n".join(out) + "\n"
+
+
+# (ours, SGLang side it is held against) for the targets below.
+TARGET_PAIRS = ((OURS_COMPAT, SGL19), (OURS_EMBED, SGL19), (OURS_MERGE, SGL19_SCATTER))
+FLAT_SPREAD = 1.5  # max/min of the per-item cost: every size within ±20% of a common value
+
+
+def targets(results: list[CaseResult]) -> list[str]:
+    """The product's speed targets, each met or not on this run (n/a: case not run)."""
+    cached = {r.n_items: r for r in results if r.case == "all-cached"}
+    miss = next((r for r in results if r.case == "all-miss"), None)
+
+    def mark(ok: bool | None, text: str) -> str:
+        return "n/a" if ok is None else f"{'met' if ok else 'NOT met'} ({text})"
+
+    rows = []
+    for ours, theirs in TARGET_PAIRS:
+        row = [f"{ours} vs {theirs}"]
+        for n in (1024, 4096):
+            r = cached.get(n)
+            row.append(mark(r and ratio(r, ours, theirs) >= 3, f"{ratio(r, ours, theirs):.2f}x") if r else "n/a")
+        flat = [r.median_us[ours] / n for n, r in sorted(cached.items()) if 64 <= n <= 4096]
+        spread = max(flat) / min(flat) if len(flat) > 1 else None
+        sizes = [n for n in sorted(cached) if 64 <= n <= 4096]
+        whole_range = "" if sizes[:1] == [64] and sizes[-1:] == [4096] else f", sizes {sizes} only"
+        row.append(mark(spread <= FLAT_SPREAD, f"max/min {spread:.2f}{whole_range}") if spread else "n/a")
+        r4 = cached.get(4)
+        row.append(mark(ratio(r4, ours, theirs) >= 1, f"{ratio(r4, ours, theirs):.2f}x") if r4 else "n/a")
+        row.append(mark(ratio(miss, ours, theirs) >= 1, f"{ratio(miss, ours, theirs):.2f}x") if miss else "n/a")
+        worse = [f"{r.case} {r.n_items}" for r in results if r.gcs_per_step[ours] > r.gcs_per_step[theirs]]
+        row.append("met" if not worse else f"NOT met ({', '.join(worse)})")
+        rows.append(row)
+    headers = ["pair", ">= 3x at 1,024", ">= 3x at 4,096", f"per-item flat, 64 to 4,096 (max/min <= {FLAT_SPREAD})",
+               "4 items >= 1x", "all-miss >= 1x", "GC per step <= SGLang's"]
+    return ["## Targets (all cached unless noted; CPU time ratios)", "", _table(headers, rows), ""]
 
 
 def _spread(cached: list[CaseResult], side: str) -> str:
