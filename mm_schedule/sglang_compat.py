@@ -27,7 +27,8 @@ from typing import Any
 from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
-from .errors import EmbeddingLengthMismatch, InvalidItemError
+from .errors import EmbeddingLengthMismatch
+from .placeholders import placeholder_mask
 from .planner import plan_columns
 from .scheduler import run_packed
 
@@ -85,36 +86,6 @@ def count_mm_tokens_in_extend(
     for prefix, extend, spans in zip(prefix_length, extend_length, items_offset_list):
         total += _tokens_before(spans, prefix + extend) - _tokens_before(spans, prefix)
     return total
-
-
-def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
-    """``[N, 1]`` bool: which ``input_ids`` are one of the placeholder ids (no host sync).
-
-    Ids are compared in the wider of the two dtypes, so an int64 pad value is never
-    narrowed into a collision with an int32 token id. Many ids (SGLang passes one per
-    item) take a sorted search instead of ``torch.isin``, whose sort through ``unique``
-    waits for the device."""
-    import torch
-
-    ids = input_ids.reshape(-1)
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise InvalidItemError(f"input_ids must be an integer tensor, got {ids.dtype}")
-    pads = torch.as_tensor(placeholder_tensor).reshape(-1)
-    if pads.dtype.is_floating_point or pads.dtype.is_complex or pads.dtype == torch.bool:
-        raise InvalidItemError(f"placeholder ids must be integers, got {pads.dtype}")
-    if pads.device != ids.device:
-        pads = pads.to(ids.device, non_blocking=True)
-    common = torch.promote_types(ids.dtype, pads.dtype)
-    ids, pads = ids.to(common), pads.to(common)
-    if pads.numel() <= 4:
-        mask = torch.zeros_like(ids, dtype=torch.bool)
-        for pad in pads:
-            mask |= ids == pad
-    else:
-        pads = pads.sort().values
-        slot = torch.searchsorted(pads, ids).clamp_(max=pads.numel() - 1)
-        mask = pads[slot] == ids
-    return mask.unsqueeze(-1)
 
 
 def get_embedding_and_mask(

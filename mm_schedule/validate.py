@@ -12,6 +12,7 @@ nothing. Cached entries that fail are evicted before the error is raised.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,12 +24,16 @@ from .plan import HIT, PRECOMPUTED, StepPlan
 class Expected:
     """The hidden size, device and source dtypes of a step, learned as sources are checked."""
 
-    __slots__ = ("device", "dtypes", "hidden")
+    __slots__ = ("device", "dtypes", "hidden", "hits_set_hidden")
 
     def __init__(self, hidden: int | None, device: Any) -> None:
         self.hidden = hidden
         self.device = device
         self.dtypes: set = set()
+        # When cached entries fixed the hidden size, an encoder output that disagrees may
+        # be right and the entries stale (a model change): this evicts them before the
+        # error is raised, so a stale cache cannot fail every later step.
+        self.hits_set_hidden: Any = None
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -65,26 +70,36 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     if expected.hidden is None:
         expected.hidden = hidden
     elif hidden != expected.hidden:
-        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}")
+        note = ""
+        if expected.hits_set_hidden is not None:
+            expected.hits_set_hidden()
+            note = " (the hidden size of this step's cached entries, which were evicted)"
+        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
     expected.dtypes.add(t.dtype)
+    if t.requires_grad:
+        t = t.detach()  # inference path: the cache must never keep an autograd graph alive
     return t if t.dim() == 2 else t.reshape(-1, hidden)
 
 
-def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> list[Any]:
+def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     """The step's source tensors with hits checked (and moved to the step's device when
-    the cache keeps them elsewhere). A hit that cannot serve the step is evicted and
-    raises ``CachedEmbeddingError``."""
-    tensors = list(plan.tensors)
-    hits = [i for i, kind in enumerate(plan.kinds) if kind is HIT]
-    if not hits:
+    the cache keeps them elsewhere); ``plan.tensors`` itself when nothing had to change.
+    A hit that cannot serve the step is evicted and raises ``CachedEmbeddingError``."""
+    tensors = plan.tensors
+    if HIT not in plan.kinds:
         return tensors
+    if expected.hidden is None and cache is not None:
+        expected.hits_set_hidden = lambda: _evict_hits(plan, cache)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
         if _fits(hidden, dtype, expected) and (expected.device is None or device == expected.device):
             _learn(expected, hidden, dtype, device)
             return tensors
-    for i in hits:
+    tensors = list(tensors)
+    for i, kind in enumerate(plan.kinds):
+        if kind is not HIT:
+            continue
         t = tensors[i]
         hidden, dtype, device = t.shape[1], t.dtype, t.device
         if not _fits(hidden, dtype, expected) or device.type == "meta":
@@ -92,13 +107,19 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> list[Any]:
                 cache.discard(plan.keys[i])
             want = f"hidden size {expected.hidden}" if expected.hidden is not None else "a floating dtype"
             raise CachedEmbeddingError(
-                f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype},"
-                f" the step needs {want}; the entry was evicted and will be encoded again"
+                f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype}"
+                f" on {device}, the step needs {want}; the entry was evicted and will be encoded again"
             )
         if expected.device is not None and device != expected.device:
             tensors[i] = t.to(expected.device, non_blocking=True)
-        _learn(expected, hidden, dtype, device)
+        _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
+
+
+def _evict_hits(plan: StepPlan, cache: Any) -> None:
+    for key, kind in zip(plan.keys, plan.kinds):
+        if kind is HIT:
+            cache.discard(key)
 
 
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
@@ -181,6 +202,12 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
             expected=len(item_rows), received=len(output), request=plan.requests[batch[0]],
             what="encoder outputs (one tensor per item)", hint=f"items: {_labels(plan, batch)}",
         )
+    if expected.hidden is None:
+        # Nothing else fixes the hidden size: the outputs' most common one does, so the
+        # odd output is the one named.
+        sizes = Counter(t.shape[-1] for t in output if getattr(t, "ndim", 0) >= 2)
+        if sizes:
+            expected.hidden = sizes.most_common(1)[0][0]
     items = [item for s in batch for item in plan.items_of(s)] if whole else [plan.first_items[s] for s in batch]
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []
