@@ -37,11 +37,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cache import EmbeddingCache, EmbeddingResult, combine_hashes, owns_storage
+from .cache import EmbeddingCache, EmbeddingResult, owns_storage
 from .context import StepContext
 from .encode import Encoder, as_encoder, move_features_to
 from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
+from .keys import combine_hashes, item_key
 from .validate import Expected, check_tensor
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
@@ -112,8 +113,7 @@ class _PrunedVideo:
                 f"request {index}, item hash {self.hash}: request offsets {list(offsets)} differ from"
                 f" the EVS video's offsets {self.spans}"
             )
-        if self.hash is None:
-            raise InvalidItemError(f"request {index}: EVS video has no hash; the cache is keyed by it")
+        self.key = combine_hashes([item_key(self.hash, index)])  # SGLang's whole-request key
         self.placeholders = span_tokens(self.spans)
 
     def _fail(self, what: str) -> InvalidItemError:
@@ -205,17 +205,16 @@ class _Resolved:
     hit: bool
 
 
-def _resolve(video: _PrunedVideo, key: int, encoder: Encoder, cache: EmbeddingCache | None,
-             expected: Expected) -> _Resolved:
+def _resolve(video: _PrunedVideo, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected) -> _Resolved:
     """Rows and frame counts of the video: from the cache when a valid entry is there,
     else from the encoder (validated; the caller caches it once the whole step is valid)."""
-    cached = cache.get_single(key) if cache is not None else None
+    cached = cache.get_single(video.key) if cache is not None else None
     if cached is not None:
         try:
             counts = video.frame_tokens(cached)
             return _Resolved(video.rows_of(cached, counts, expected), counts, True)
         except (EmbeddingLengthMismatch, EncoderOutputError):
-            cache.free(key)  # another video under a colliding key, or a stale entry: encode again
+            cache.free(video.key)  # another video under a colliding key, or a stale entry: encode again
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
@@ -288,10 +287,9 @@ def rows_and_input_ids(
         video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
         if not video.needs_encoder():
             continue
-        key = combine_hashes([int(video.hash)])
-        found = by_key.get((key, video.placeholders))
+        found = by_key.get((video.key, video.placeholders))
         if found is None:
-            found = by_key[key, video.placeholders] = _resolve(video, key, encoder, cache, expected)
+            found = by_key[video.key, video.placeholders] = _resolve(video, encoder, cache, expected)
         chunks[i] = video.chunk(found.rows, found.counts)
         if found.hit:
             hit_items.append(video.item)

@@ -330,3 +330,17 @@ def test_pruned_rows_are_refused_where_input_ids_cannot_be_rewritten():
     with pytest.raises(EncoderOutputError, match="pre_chunked_input_ids"):
         mm_schedule.get_embedding_and_mask(EVSEncoder([p]), *_layout(p))
     assert len(mm_schedule.embedding_cache) == 0
+
+
+def test_item_hashes_follow_the_cache_key_rules():
+    """A str hash keys the cache like any item's (a stable digest); a float is refused."""
+    p = Prompt(random.Random(16), h=17, frames=2)
+    encoder = EVSEncoder([p])
+    encoder.by_hash["clip-17"] = p
+    p.video.hash = "clip-17"
+    _check([p], [(0, len(p.ids))], encoder)
+    _check([p], [(0, len(p.ids))], encoder)
+    assert encoder.calls == [["clip-17"]]  # the second step is a cache hit
+    p.video.hash = 17.0
+    with pytest.raises(InvalidItemError, match=r"request 0: item hash 17\.0 is a float"):
+        mm_schedule.get_embedding_and_mask(encoder, *_layout(p))
