@@ -524,8 +524,9 @@ def checkout_root() -> Path:
 
 def environment(releases, stubbed: list[str]) -> list[str]:
     root = checkout_root()
-    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results")
-    dirty = "" if status == "?" else " (with uncommitted changes)"  # "?": clean, or not a git checkout
+    # Only the measured code counts: "?" means clean (or not a git checkout).
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "mm_schedule", "kernels")
+    dirty = "" if status == "?" else " (with uncommitted changes to mm_schedule/ or kernels/)"
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
