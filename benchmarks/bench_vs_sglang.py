@@ -17,9 +17,11 @@ Workload: R requests x 4 single-span images x 64 placeholder tokens, hidden size
 float32, every request's window covering its whole prompt. Cases: every item already
 cached (4 to 4,096 items), and every item a miss with a cheap encoder (it returns each
 item's precomputed rows, one tensor per item). Calls alternate between the sides in a
-rotating order over many repetitions and each side's median is reported, so machine
-noise hits all sides alike; garbage collections are counted per side (``gc.callbacks``)
-while only that side runs. Every side's result is compared bit for bit with SGLang
+rotating order over many repetitions, so machine noise hits all sides alike, and each
+side's median is reported: of the thread's CPU time (the ratios; with one torch thread a
+step's host work all runs there, and time spent waiting for a core shared with other
+processes is left out) and of wall-clock time. Garbage collections are counted per side
+(``gc.callbacks``) while only that side runs. Every side's result is compared bit for bit with SGLang
 0.5.19's (rows, mask, returned ``input_ids``, fused ``input_embeds``) before and after
 timing; any difference fails the run.
 
