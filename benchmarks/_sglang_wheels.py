@@ -83,6 +83,8 @@ def fetch_wheel(version: str, cache: Path | None = None, timeout: float = DOWNLO
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired as exc:
         raise WheelUnavailable(f"downloading sglang=={version} took longer than {timeout:.0f} s") from exc
+    except OSError as exc:  # no interpreter or pip to run
+        raise WheelUnavailable(f"cannot run pip to download sglang=={version}: {exc}") from exc
     found = _cached_wheel(cache, version)
     if proc.returncode != 0 or found is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel appeared"]
