@@ -234,9 +234,10 @@ def _cache_value(resolved: _Resolved) -> Any:
 # -- the SGLang-compatible entry ----------------------------------------------------------
 
 
-def rows_and_input_ids(
+def get_embedding_and_mask(
     data_embedding_func: Callable,
     items: Sequence[Any],
+    placeholder_tensor: Any,
     input_ids: Any,
     items_size: Sequence[int],
     prefixes: list[int],
@@ -245,14 +246,16 @@ def rows_and_input_ids(
     *,
     cache: EmbeddingCache | None,
     context: StepContext,
-) -> tuple[Any, Any]:
-    """The rows of a batch with EVS videos in it (SGLang layout), in request order, and
-    its ``input_ids`` (a new tensor when a window was rewritten). The other requests take
-    the ordinary path, batched across requests; the EVS ones are resolved one by one
-    after them, the order SGLang calls the encoder in. Nothing is cached or acknowledged
-    before the whole step is valid."""
+) -> tuple[Any, Any, Any]:
+    """``sglang_compat.get_embedding_and_mask`` for a batch with EVS videos in it: rows in
+    request order, the mask, and ``input_ids`` (a new tensor when a window was rewritten).
+    The other requests take the ordinary path, batched across requests; the EVS ones are
+    resolved one by one after them, the order SGLang calls the encoder in. The pruned
+    videos are cached and their hits acknowledged only once the whole step is valid,
+    placeholder count included (it can only be checked after the rewrite)."""
     import torch
 
+    from .placeholders import placeholder_mask
     from .planner import plan_columns
     from .scheduler import run_packed
     from .sglang_compat import count_mm_tokens_in_extend
@@ -294,6 +297,18 @@ def rows_and_input_ids(
         if found.hit:
             hit_items.append(video.item)
     ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
+    pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+    rows = mask = None
+    if pieces:
+        rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        mask = placeholder_mask(ids, placeholder_tensor)
+        placeholders = int(mask.count_nonzero())
+        if placeholders != rows.shape[0]:
+            raise EmbeddingLengthMismatch(
+                expected=placeholders, received=rows.shape[0],
+                what="embedding rows for the placeholder tokens of these items in input_ids (after EVS)",
+                hint="the items' offsets and input_ids describe different prompts",
+            )
 
     if cache is not None:
         for (key, _), found in by_key.items():
@@ -301,10 +316,7 @@ def rows_and_input_ids(
                 cache.set(key, _cache_value(found))
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
-    pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
-    if not pieces:
-        return None, ids
-    return (pieces[0] if len(pieces) == 1 else torch.cat(pieces)), ids
+    return rows, mask, ids
 
 
 def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int) -> Any:

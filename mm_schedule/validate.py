@@ -16,6 +16,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from .cache import owns_storage
 from .encode import Encoder
 from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
 from .plan import HIT, PRECOMPUTED, StepPlan
@@ -50,8 +53,6 @@ def _hash_of(item: Any, request: int) -> Any:
 
 def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     """``t`` as a 2-D ``[rows, H]`` tensor if it is what the step needs, else ``EncoderOutputError``."""
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise EncoderOutputError(f"{where}: {what} is a {type(t).__name__}; expected a tensor")
     if not t.is_floating_point():
@@ -158,8 +159,6 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                   expected: Expected) -> list[int]:
     """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
     Returns the sources that were encoded. Raises before the caller inserts anything."""
-    import torch
-
     encoded = []
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
@@ -185,15 +184,11 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         for s, piece in zip(batch, pieces):
-            if encoder.copy_outputs and _owns(piece):
+            if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
         encoded.extend(batch)
     return encoded
-
-
-def _owns(t: Any) -> bool:
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:

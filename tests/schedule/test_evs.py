@@ -344,3 +344,13 @@ def test_item_hashes_follow_the_cache_key_rules():
     p.video.hash = 17.0
     with pytest.raises(InvalidItemError, match=r"request 0: item hash 17\.0 is a float"):
         mm_schedule.get_embedding_and_mask(encoder, *_layout(p))
+
+
+def test_placeholder_count_is_checked_after_the_rewrite_and_nothing_is_cached():
+    rng = random.Random(18)
+    p, text_only = Prompt(rng, h=19, frames=2), Prompt(rng, h=20, frames=0)
+    text_only.ids[0] = p.pad  # a stray placeholder in another request's tokens
+    encoder = EVSEncoder([p])
+    with pytest.raises(EmbeddingLengthMismatch, match=r"after EVS\): expected \d+, got \d+"):
+        mm_schedule.get_embedding_and_mask(encoder, *layout([p, text_only], [(0, len(p.ids)), (0, len(text_only.ids))]))
+    assert len(encoder.calls) == 1 and len(mm_schedule.embedding_cache) == 0
