@@ -255,10 +255,9 @@ def get_embedding_and_mask(
     placeholder count included (it can only be checked after the rewrite)."""
     import torch
 
-    from .placeholders import placeholder_mask
     from .planner import plan_columns
     from .scheduler import run_packed
-    from .sglang_compat import count_mm_tokens_in_extend
+    from .sglang_compat import checked_mask, count_mm_tokens_in_extend
 
     n_requests = min(len(items_size) - 1, len(prefixes))
     pruned = set(pruned_video_requests(items, items_size, n_requests))
@@ -301,14 +300,7 @@ def get_embedding_and_mask(
     rows = mask = None
     if pieces:
         rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        mask = placeholder_mask(ids, placeholder_tensor)
-        placeholders = int(mask.count_nonzero())
-        if placeholders != rows.shape[0]:
-            raise EmbeddingLengthMismatch(
-                expected=placeholders, received=rows.shape[0],
-                what="embedding rows for the placeholder tokens of these items in input_ids (after EVS)",
-                hint="the items' offsets and input_ids describe different prompts",
-            )
+        mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
 
     if cache is not None:
         for (key, _), found in by_key.items():

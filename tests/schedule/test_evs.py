@@ -351,6 +351,6 @@ def test_placeholder_count_is_checked_after_the_rewrite_and_nothing_is_cached():
     p, text_only = Prompt(rng, h=19, frames=2), Prompt(rng, h=20, frames=0)
     text_only.ids[0] = p.pad  # a stray placeholder in another request's tokens
     encoder = EVSEncoder([p])
-    with pytest.raises(EmbeddingLengthMismatch, match=r"after EVS\): expected \d+, got \d+"):
+    with pytest.raises(EmbeddingLengthMismatch, match=r"placeholder tokens of these items in input_ids: expected \d+, got \d+"):
         mm_schedule.get_embedding_and_mask(encoder, *layout([p, text_only], [(0, len(p.ids)), (0, len(text_only.ids))]))
     assert len(encoder.calls) == 1 and len(mm_schedule.embedding_cache) == 0
