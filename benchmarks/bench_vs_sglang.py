@@ -67,6 +67,10 @@ TEXT_GAP = 8  # text tokens before, between and after the images of a request
 VOCAB = 32_000
 CACHE_BYTES = 4 << 30  # holds every workload: nothing is evicted
 FULL_CACHED_SIZES = (4, 64, 256, 1024, 4096)
+# glibc returns a freed block above its mmap threshold (at most 32 MiB) to the kernel, so
+# the next step's result of that size is faulted in again page by page; these keep it.
+MALLOC_REUSE_ENV = (("MALLOC_MMAP_THRESHOLD_", str(1 << 32)), ("MALLOC_TRIM_THRESHOLD_", str(1 << 32)))
+MALLOC_REUSE = tuple(k for k, _ in MALLOC_REUSE_ENV)
 QUICK_CACHED_SIZES = (4, 64, 1024)
 MISS_SIZE = 1024
 
@@ -543,6 +547,7 @@ def environment(releases, stubbed: list[str]) -> list[str]:
         f"- stubbed SGLang modules (import-only, see benchmarks/_sglang_wheels.py): {len(stubbed)}",
         f"- python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s),"
         f" gc thresholds {gc.get_threshold()}",
+        "- glibc malloc: " + (", ".join(f"{k}={os.environ[k]}" for k in MALLOC_REUSE if k in os.environ) or "defaults"),
         f"- CPU: {cpu} ({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores visible)",
     ]
 
@@ -560,8 +565,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", metavar="N", help="all-cached step sizes (items)")
     parser.add_argument("--miss-size", type=int, default=MISS_SIZE, metavar="N", help="items of the all-miss step")
     parser.add_argument("--budget", type=float, metavar="S", help="seconds of rounds per case")
-    parser.add_argument("--output", type=Path, help="results file (default: <checkout>/benchmarks/results/vs_sglang.md)")
+    parser.add_argument("--output", type=Path, help="results file (default: <checkout>/benchmarks/results/vs_sglang.md,"
+                        " or vs_sglang_reuse-freed-memory.md)")
+    parser.add_argument("--reuse-freed-memory", action="store_true",
+                        help="rerun under glibc malloc settings that keep freed memory for reuse, so that a step's"
+                             " large new result (over 32 MiB at 4,096 items) is not faulted in page by page on every"
+                             " step; every side pays those faults otherwise, and a GPU caching allocator does not")
     args = parser.parse_args(argv)
+    if args.reuse_freed_memory and MALLOC_REUSE[0] not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **dict(MALLOC_REUSE_ENV)})
 
     torch.set_num_threads(1)
     sizes = args.sizes or (QUICK_CACHED_SIZES if args.quick else FULL_CACHED_SIZES)
@@ -588,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if not args.quick or args.write or args.output:
-        path = args.output or checkout_root() / "benchmarks" / "results" / "vs_sglang.md"
+        name = "vs_sglang_reuse-freed-memory.md" if args.reuse_freed_memory else "vs_sglang.md"
+        path = args.output or checkout_root() / "benchmarks" / "results" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {path}")
