@@ -11,7 +11,7 @@ TORCH      := torch==2.13.0
 DEV_PINS   := triton==3.9.0 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-sglang clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run_all.py
+
+# SGLang's own get_embedding_and_mask (official wheels) against ours, side by side.
+bench-sglang: setup
+	$(BIN)/python benchmarks/bench_vs_sglang.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

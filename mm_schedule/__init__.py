@@ -39,6 +39,7 @@ _EXPORTS = {
     "get_embedding_and_mask": "sglang_compat",
     "DataEmbeddingFunc": "sglang_compat",
     "PerImageRequestInfo": "sglang_compat",
+    "EVSEmbeddingResult": "evs",
     "set_step_context": "sglang_compat",
     "count_mm_tokens_in_extend": "sglang_compat",
     "placeholder_mask": "placeholders",

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
 from .errors import EmbeddingLengthMismatch
@@ -98,7 +99,8 @@ def get_embedding_and_mask(
     items_offset_list: list[list[tuple[int, int]]],
 ) -> tuple[Any, Any, Any]:
     """Packed embedding rows of this chunk for one modality, the placeholder mask over
-    ``input_ids``, and ``input_ids`` (unchanged). ``(None, None, input_ids)`` when the
+    ``input_ids``, and ``input_ids`` (a rewritten copy when an EVS video's placeholders
+    moved, see ``mm_schedule.evs``; else unchanged). ``(None, None, input_ids)`` when the
     chunk contains no placeholder of these items.
 
     Hits are served from ``embedding_cache``; without ``init_mm_embedding_cache`` nothing
@@ -111,6 +113,11 @@ def get_embedding_and_mask(
     prefixes = _as_list(prefix_length)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
+    if evs.pruned_video_requests(items, items_size, n):
+        return evs.get_embedding_and_mask(
+            data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes,
+            _as_list(extend_length), _as_list(items_offset_list), cache=cache, context=context,
+        )
     plan = plan_columns(
         [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, _as_list(extend_length),
         _as_list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,

@@ -158,6 +158,14 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
         whole = len(batch) == 1 and batch[0] in plan.multi_items
         item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]
         if not isinstance(output, (torch.Tensor, list, tuple)) and hasattr(output, "embedding"):
+            if getattr(output, "num_tokens_per_frame", None) is not None:
+                # Pruned video rows belong to moved placeholders; placing them at the
+                # processor's positions would be silently wrong.
+                raise EncoderOutputError(
+                    f"{_labels(plan, batch)}: the encoder pruned video tokens (EVS, num_tokens_per_frame),"
+                    " which moves placeholders in input_ids; only get_embedding_and_mask handles that,"
+                    " for a video item carrying pre_chunked_input_ids"
+                )
             output = output.embedding
         if isinstance(output, (list, tuple)):
             pieces = _check_list(plan, batch, whole, output, item_rows, expected)

@@ -1,0 +1,613 @@
+"""Host time of one prefill step's multimodal embeddings: SGLang's own code against ours,
+side by side in one process, on the same inputs, on CPU with one torch thread.
+
+SGLang runs from its official wheels (downloaded with ``pip download --no-deps``, loaded
+by ``_sglang_wheels.py`` with its heavy imports stubbed):
+
+* ``SGLang 0.5.19``: ``mm_schedule.get_embedding_and_mask`` on its CUDA path (cross-request
+  batching), and with ``mm_utils._scatter_mm_embedding`` after it for the fused comparison;
+* ``SGLang 0.5.17 per-request``: ``mm_utils.get_embedding_and_mask`` on the per-request
+  path that ROCm/NPU take (one encoder call and one cache walk per request).
+
+Ours: ``mm_schedule.get_embedding_and_mask`` (the drop-in), ``embed_chunk`` (packed rows)
+and ``merge_chunk`` (rows written into ``input_embeds``; compared with SGLang 0.5.19's
+get_embedding_and_mask + scatter, which produce the same ``input_embeds``).
+
+Workload: R requests x 4 single-span images x 64 placeholder tokens, hidden size 64,
+float32, every request's window covering its whole prompt. Cases: every item already
+cached (4 to 4,096 items), and every item a miss with a cheap encoder (it returns each
+item's precomputed rows, one tensor per item). Calls alternate between the sides in a
+rotating order over many repetitions, so machine noise hits all sides alike, and each
+side's median is reported: of the thread's CPU time (the ratios; with one torch thread a
+step's host work all runs there, and time spent waiting for a core shared with other
+processes is left out) and of wall-clock time. Garbage collections are counted per side
+(``gc.callbacks``) while only that side runs. Every side's result is compared bit for bit with SGLang
+0.5.19's (rows, mask, returned ``input_ids``, fused ``input_embeds``) before and after
+timing; any difference fails the run.
+
+``mm_schedule`` is imported from wherever the running interpreter finds it, so the same
+script measures any checkout with its own environment:
+
+    python benchmarks/bench_vs_sglang.py               # full run, writes results/vs_sglang.md
+    python benchmarks/bench_vs_sglang.py --quick       # fewer sizes and repeats, prints only
+    cd /path/to/other/checkout && .venv/bin/python /path/to/bench_vs_sglang.py --quick
+
+Without ``--quick`` (or with ``--write``) the table goes to ``benchmarks/results/vs_sglang.md``
+of the checkout whose ``mm_schedule`` was measured. Wheels are cached in
+``~/.cache/mm-schedule/wheels`` (``MM_SCHEDULE_WHEEL_CACHE`` overrides).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+import mm_schedule
+from mm_schedule import EmbeddingCache, MMItem, RequestChunk
+
+# A sibling file; the folder is on the path when this runs as a script, not when a test loads it.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _sglang_wheels
+
+IMAGES_PER_REQUEST = 4
+TOKENS_PER_IMAGE = 64
+HIDDEN = 64
+TEXT_GAP = 8  # text tokens before, between and after the images of a request
+VOCAB = 32_000
+CACHE_BYTES = 4 << 30  # holds every workload: nothing is evicted
+FULL_CACHED_SIZES = (4, 64, 256, 1024, 4096)
+# glibc returns a freed block above its mmap threshold (at most 32 MiB) to the kernel, so
+# the next step's result of that size is faulted in again page by page; these keep it.
+MALLOC_REUSE_ENV = (("MALLOC_MMAP_THRESHOLD_", str(1 << 32)), ("MALLOC_TRIM_THRESHOLD_", str(1 << 32)))
+MALLOC_REUSE = tuple(k for k, _ in MALLOC_REUSE_ENV)
+QUICK_CACHED_SIZES = (4, 64, 1024)
+MISS_SIZE = 1024
+
+SGL19, SGL17, OURS_COMPAT, OURS_EMBED = "sglang-0.5.19", "sglang-0.5.17-per-request", "ours-compat", "ours-embed_chunk"
+SGL19_SCATTER, OURS_MERGE = "sglang-0.5.19+scatter", "ours-merge_chunk"
+LABELS = {
+    SGL19: "SGLang 0.5.19 get_embedding_and_mask",
+    SGL17: "SGLang 0.5.17 get_embedding_and_mask, per-request path",
+    OURS_COMPAT: "ours get_embedding_and_mask",
+    OURS_EMBED: "ours embed_chunk",
+    SGL19_SCATTER: "SGLang 0.5.19 get_embedding_and_mask + _scatter_mm_embedding",
+    OURS_MERGE: "ours merge_chunk",
+}
+# (ours, the SGLang side it replaces): ratio = SGLang time / our time (> 1: ours is faster).
+RATIOS = ((OURS_COMPAT, SGL19), (OURS_EMBED, SGL19), (OURS_MERGE, SGL19_SCATTER), (OURS_COMPAT, SGL17))
+
+
+class BenchItem(MMItem):
+    """Our item type plus the two methods SGLang's path calls on its own items."""
+
+    def acknowledge_deferred_cuda_ipc_feature(self, consumer_count: int = 1) -> None:
+        """No IPC transport on CPU: nothing to release."""
+
+    def is_video(self) -> bool:
+        return str(getattr(self.modality, "name", self.modality)).upper() == "VIDEO"
+
+
+class MismatchError(AssertionError):
+    """A side's result differs from SGLang 0.5.19's on the same inputs."""
+
+
+# -- workload -----------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One step's inputs, in SGLang's layout and in ours (the same items)."""
+
+    items: list
+    input_ids: torch.Tensor
+    placeholders: torch.Tensor
+    items_size: list
+    prefix: list
+    extend: list
+    offsets: list
+    requests: list
+    text_embeds: torch.Tensor
+    n_rows: int
+
+    @property
+    def n_items(self) -> int:
+        return len(self.items)
+
+    def sglang_args(self, encoder: Callable) -> tuple:
+        return (encoder, self.items, self.placeholders, self.input_ids, self.items_size,
+                self.prefix, self.extend, self.offsets)
+
+
+def build_batch(n_items: int, *, seed: int = 0, chunk: int | None = None, prefix: int = 0) -> Batch:
+    """``n_items / 4`` requests of 4 images each. With ``chunk``/``prefix``, each request's
+    window is ``[prefix, prefix + chunk)`` instead of its whole prompt (it may cut images)."""
+    gen = torch.Generator().manual_seed(seed)
+    n_requests = max(1, n_items // IMAGES_PER_REQUEST)
+    prompt = TEXT_GAP * (IMAGES_PER_REQUEST + 1) + IMAGES_PER_REQUEST * TOKENS_PER_IMAGE
+    extend = prompt - prefix if chunk is None else min(chunk, prompt - prefix)
+    hashes = torch.randint(1, 2**62, (n_requests * IMAGES_PER_REQUEST,), generator=gen).tolist()
+    items, ids, offsets, items_size, requests = [], [], [], [0], []
+    for r in range(n_requests):
+        row_ids = torch.randint(0, VOCAB, (prompt,), generator=gen)
+        spans, mine = [], []
+        for k in range(IMAGES_PER_REQUEST):
+            start = TEXT_GAP + k * (TOKENS_PER_IMAGE + TEXT_GAP)
+            end = start + TOKENS_PER_IMAGE - 1
+            h = hashes[r * IMAGES_PER_REQUEST + k]
+            pad = 1_000_000 + h % 2**30  # SGLang's pad value for hash h
+            item = BenchItem(
+                hash=h, offsets=[(start, end)], pad_value=pad,
+                feature=torch.randn(TOKENS_PER_IMAGE, HIDDEN, generator=gen),
+            )
+            row_ids[start : end + 1] = pad
+            spans.append((start, end))
+            mine.append(item)
+        items += mine
+        items_size.append(len(items))
+        offsets.append(spans)
+        ids.append(row_ids[prefix : prefix + extend])
+        requests.append(RequestChunk(items=mine, prefix=prefix, extend=extend, offsets=spans))
+    input_ids = torch.cat(ids)
+    placeholders = torch.as_tensor([it.pad_value for it in items])
+    n_rows = int(torch.isin(input_ids, placeholders).sum())
+    return Batch(
+        items=items, input_ids=input_ids, placeholders=placeholders, items_size=items_size,
+        prefix=[prefix] * n_requests, extend=[extend] * n_requests, offsets=offsets, requests=requests,
+        text_embeds=torch.randn(input_ids.numel(), HIDDEN, generator=gen), n_rows=n_rows,
+    )
+
+
+class CheapEncoder:
+    """Returns each item's rows (its ``feature``), one tensor per item; counts calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, items: list) -> list:
+        self.calls += 1
+        return [it.feature for it in items]
+
+
+# -- the sides ----------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One implementation under test. ``reset`` gives it an empty cache; ``prepare`` runs
+    before each call, untimed (it installs the side's own cache where SGLang keeps it in
+    a module global); ``step`` is the timed call and returns what is compared."""
+
+    name: str
+    reset: Callable[[], None]
+    prepare: Callable[[Batch], None]
+    step: Callable[[Batch, CheapEncoder], dict]
+    times_ns: list = field(default_factory=list)  # thread CPU time per step
+    wall_ns: list = field(default_factory=list)
+    gcs: int = 0
+    steps: int = 0
+    encoder_calls: int = 0
+
+
+def _sglang_side(name: str, release, *, fused: bool = False) -> Side:
+    module = release.scheduler
+    cache_cls = release.modules["sglang.srt.mem_cache.multimodal_cache"].MultiModalStaticCache
+    scatter = release.mm_utils._scatter_mm_embedding if fused else None
+    state = {"cache": cache_cls(CACHE_BYTES), "dest": {}}
+
+    def reset():
+        state["cache"] = cache_cls(CACHE_BYTES)
+
+    def prepare(batch: Batch):
+        module.embedding_cache = state["cache"]
+        if fused and id(batch) not in state["dest"]:
+            state["dest"] = {id(batch): batch.text_embeds.clone()}
+
+    def step(batch: Batch, encoder: CheapEncoder) -> dict:
+        emb, mask, ids = module.get_embedding_and_mask(*batch.sglang_args(encoder))
+        if not fused:
+            return {"rows": emb, "mask": mask, "ids": ids}
+        dest = state["dest"][id(batch)]
+        scatter(dest=dest, mask=mask, src=emb)
+        return {"embeds": dest}
+
+    return Side(name, reset, prepare, step)
+
+
+def _ours_sides() -> list[Side]:
+    state = {"embed": EmbeddingCache(CACHE_BYTES), "merge": EmbeddingCache(CACHE_BYTES), "dest": {}}
+
+    def compat(batch: Batch, encoder: CheapEncoder) -> dict:
+        emb, mask, ids = mm_schedule.get_embedding_and_mask(*batch.sglang_args(encoder))
+        return {"rows": emb, "mask": mask, "ids": ids}
+
+    def embed(batch: Batch, encoder: CheapEncoder) -> dict:
+        return {"rows": mm_schedule.embed_chunk(batch.requests, encoder, cache=state["embed"]).embedding}
+
+    def merge(batch: Batch, encoder: CheapEncoder) -> dict:
+        dest = state["dest"][id(batch)]
+        mm_schedule.merge_chunk(dest, batch.requests, encoder, cache=state["merge"])
+        return {"embeds": dest}
+
+    def prepare_merge(batch: Batch):
+        if id(batch) not in state["dest"]:
+            state["dest"] = {id(batch): batch.text_embeds.clone()}
+
+    def reset(key):
+        return lambda: state.__setitem__(key, EmbeddingCache(CACHE_BYTES))
+
+    mm_schedule.init_mm_embedding_cache(CACHE_BYTES)
+    return [
+        Side(OURS_COMPAT, lambda: mm_schedule.init_mm_embedding_cache(CACHE_BYTES), lambda b: None, compat),
+        Side(OURS_EMBED, reset("embed"), lambda b: None, embed),
+        Side(OURS_MERGE, reset("merge"), prepare_merge, merge),
+    ]
+
+
+def make_sides(sgl19, sgl17) -> list[Side]:
+    # SGLang 0.5.17 takes the per-request path on ROCm/NPU; its own tests select it the same way.
+    sgl17.scheduler._is_hip = True
+    return [
+        _sglang_side(SGL19, sgl19),
+        _sglang_side(SGL17, sgl17),
+        _sglang_side(SGL19_SCATTER, sgl19, fused=True),
+        *_ours_sides(),
+    ]
+
+
+# -- checking -----------------------------------------------------------------------------
+
+
+def naive_rows(batch: Batch) -> torch.Tensor:
+    """The rows the step must produce, written from the semantics alone: per request, per
+    item in order, the item's rows whose placeholder positions fall in the window."""
+    pieces = []
+    for r in range(len(batch.prefix)):
+        lo, hi = batch.prefix[r], batch.prefix[r] + batch.extend[r]
+        for item in batch.items[batch.items_size[r] : batch.items_size[r + 1]]:
+            (start, end), = item.offsets
+            first, last = max(start, lo), min(end, hi - 1)
+            if first <= last:
+                pieces.append(item.feature[first - start : last - start + 1])
+    return torch.cat(pieces)
+
+
+def _same_bits(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    return torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+
+
+def compare(results: dict, batch: Batch) -> list[str]:
+    """Every difference between the sides' results and the independent expectation."""
+    problems = []
+    rows = naive_rows(batch)
+    mask = torch.isin(batch.input_ids, batch.placeholders).unsqueeze(-1)
+    embeds = batch.text_embeds.clone()
+    embeds[mask.squeeze(-1)] = rows
+    for name, out in results.items():
+        if "rows" in out and not _same_bits(out["rows"], rows):
+            problems.append(f"{name}: rows differ from the expected {tuple(rows.shape)}")
+        if "mask" in out and not _same_bits(out["mask"], mask):
+            problems.append(f"{name}: placeholder mask differs")
+        if "ids" in out and out["ids"] is not batch.input_ids:
+            problems.append(f"{name}: returned input_ids is not the tensor passed in")
+        if "embeds" in out and not _same_bits(out["embeds"], embeds):
+            problems.append(f"{name}: fused input_embeds differ")
+    return problems
+
+
+def check_once(sides: list[Side], batch: Batch) -> list[str]:
+    """Two untimed rounds: a miss step from empty caches, then an all-hit step."""
+    problems = []
+    for side in sides:
+        side.reset()
+    for label in ("all-miss", "all-cached"):
+        results = {}
+        for side in sides:
+            side.prepare(batch)
+            results[side.name] = side.step(batch, CheapEncoder())
+        problems += [f"{batch.n_items} items, {label}: {p}" for p in compare(results, batch)]
+    return problems
+
+
+# -- measuring ----------------------------------------------------------------------------
+
+
+class GcCounter:
+    """Collections the garbage collector starts while a given side runs."""
+
+    def __init__(self) -> None:
+        self.active: Side | None = None
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start" and self.active is not None:
+            self.active.gcs += 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+
+def run_round(sides: list[Side], batch: Batch, shift: int, *, miss: bool, gcs: GcCounter, keep: bool) -> dict:
+    results = {}
+    order = sides[shift % len(sides) :] + sides[: shift % len(sides)]
+    for side in order:
+        if miss:
+            side.reset()
+        side.prepare(batch)
+        encoder = CheapEncoder()
+        gcs.active = side
+        start_wall, start = time.perf_counter_ns(), time.thread_time_ns()
+        out = side.step(batch, encoder)
+        elapsed, wall = time.thread_time_ns() - start, time.perf_counter_ns() - start_wall
+        gcs.active = None
+        side.times_ns.append(elapsed)
+        side.wall_ns.append(wall)
+        side.steps += 1
+        side.encoder_calls += encoder.calls
+        results[side.name] = out if keep else None
+        out = None
+    return results
+
+
+@dataclass
+class CaseResult:
+    case: str
+    n_items: int
+    rounds: int
+    median_us: dict  # thread CPU time
+    wall_us: dict
+    gcs_per_step: dict
+    encoder_calls_per_step: dict
+
+
+def measure(sides: list[Side], batch: Batch, *, miss: bool, budget_s: float, min_rounds: int,
+            max_rounds: int) -> tuple[CaseResult, list[str]]:
+    problems = check_once(sides, batch)
+    for side in sides:
+        side.times_ns, side.wall_ns, side.gcs, side.steps, side.encoder_calls = [], [], 0, 0, 0
+    gcs = GcCounter()
+    try:
+        started = time.perf_counter()
+        run_round(sides, batch, 0, miss=miss, gcs=gcs, keep=False)  # warm-up, discarded
+        per_round = time.perf_counter() - started
+        rounds = int(min(max(budget_s / max(per_round, 1e-6), min_rounds), max_rounds))
+        for side in sides:
+            side.times_ns, side.wall_ns, side.gcs, side.steps, side.encoder_calls = [], [], 0, 0, 0
+        last = {}
+        for r in range(rounds):
+            last = run_round(sides, batch, r, miss=miss, gcs=gcs, keep=r == rounds - 1)
+    finally:
+        gcs.close()
+    label = "all-miss" if miss else "all-cached"
+    problems += [f"{batch.n_items} items, {label}, timed: {p}" for p in compare(last, batch)]
+    result = CaseResult(
+        case=label, n_items=batch.n_items, rounds=rounds,
+        median_us={s.name: statistics.median(s.times_ns) / 1e3 for s in sides},
+        wall_us={s.name: statistics.median(s.wall_ns) / 1e3 for s in sides},
+        gcs_per_step={s.name: s.gcs / s.steps for s in sides},
+        encoder_calls_per_step={s.name: s.encoder_calls / s.steps for s in sides},
+    )
+    return result, problems
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us / 1e3:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def ratio(result: CaseResult, ours: str, theirs: str, *, wall: bool = False) -> float:
+    times = result.wall_us if wall else result.median_us
+    return times[theirs] / times[ours]
+
+
+def report(results: list[CaseResult], env: list[str], problems: list[str]) -> str:
+    order = [SGL19, OURS_COMPAT, OURS_EMBED, SGL19_SCATTER, OURS_MERGE, SGL17]
+    out = ["# SGLang's own code vs mm_schedule, side by side", "", *env, ""]
+    out += [
+        "Workload: R requests x 4 single-span images x 64 placeholder tokens, hidden 64, float32,",
+        "windows covering whole prompts; CPU, one torch thread. Each side's median over rounds in",
+        "which the sides alternate in a rotating order. The main measure is the thread's CPU time",
+        "(`time.thread_time_ns`): with one torch thread all of a step's host work runs on it, and",
+        "unlike wall time it does not count the time the process waits while other processes",
+        "hold the cores, which on a shared machine penalises long calls more than short ones.",
+        "Wall-clock medians follow for reference.",
+        "",
+        "Sides: " + "; ".join(f"`{k}` = {v}" for k, v in LABELS.items()) + ".",
+        "",
+        "## Host CPU time per step (median; µs per item in parentheses)",
+        "",
+    ]
+    rows = []
+    for r in results:
+        rows.append([r.case, r.n_items, r.rounds] + [
+            f"{_fmt_us(r.median_us[s])} ({r.median_us[s] / r.n_items:.2f})" for s in order
+        ])
+    out += [_table(["case", "items", "rounds", *order], rows), ""]
+    out += ["## Ratios (SGLang time / our time; above 1 means ours is faster)", ""]
+    rows = [[r.case, r.n_items] + [f"{ratio(r, o, t):.2f}x" for o, t in RATIOS] for r in results]
+    out += [_table(["case", "items", *(f"{o} vs {t}" for o, t in RATIOS)], rows), ""]
+    out += ["## Wall-clock time per step (median) and its ratios", ""]
+    rows = [[r.case, r.n_items] + [_fmt_us(r.wall_us[s]) for s in order] +
+            [f"{ratio(r, o, t, wall=True):.2f}x" for o, t in RATIOS] for r in results]
+    out += [_table(["case", "items", *order, *(f"{o} vs {t}" for o, t in RATIOS)], rows), ""]
+    out += ["## Garbage collections per step (started while the side ran)", ""]
+    rows = [[r.case, r.n_items] + [f"{r.gcs_per_step[s]:.2f}" for s in order] for r in results]
+    out += [_table(["case", "items", *order], rows), ""]
+    out += ["## Encoder calls per step", ""]
+    rows = [[r.case, r.n_items] + [f"{r.encoder_calls_per_step[s]:g}" for s in order] for r in results]
+    out += [_table(["case", "items", *order], rows), ""]
+    out += ["## Per-item cost, all cached (µs per item)", ""]
+    cached = [r for r in results if r.case == "all-cached"]
+    rows = [[s] + [f"{r.median_us[s] / r.n_items:.2f}" for r in cached] +
+            [_spread(cached, s)] for s in order]
+    out += [_table(["side", *(str(r.n_items) for r in cached), "max/min from 64 items up"], rows), ""]
+    out += targets(results)
+    out += ["## Checks", ""]
+    if problems:
+        out += [f"- FAIL {p}" for p in problems]
+    else:
+        out += ["- PASS: every side's rows, mask, returned input_ids and fused input_embeds were",
+                "  bit-identical to an independent expectation (and so to each other) on the miss",
+                "  step, the first cached step and the last timed step of every case."]
+    return "\n".join(out) + "\n"
+
+
+# (ours, SGLang side it is held against) for the targets below.
+TARGET_PAIRS = ((OURS_COMPAT, SGL19), (OURS_EMBED, SGL19), (OURS_MERGE, SGL19_SCATTER))
+FLAT_SPREAD = 1.5  # max/min of the per-item cost: every size within ±20% of a common value
+
+
+def targets(results: list[CaseResult]) -> list[str]:
+    """The product's speed targets, each met or not on this run (n/a: case not run)."""
+    cached = {r.n_items: r for r in results if r.case == "all-cached"}
+    miss = next((r for r in results if r.case == "all-miss"), None)
+
+    def mark(ok: bool | None, text: str) -> str:
+        return "n/a" if ok is None else f"{'met' if ok else 'NOT met'} ({text})"
+
+    rows = []
+    for ours, theirs in TARGET_PAIRS:
+        row = [f"{ours} vs {theirs}"]
+        for n in (1024, 4096):
+            r = cached.get(n)
+            row.append(mark(r and ratio(r, ours, theirs) >= 3, f"{ratio(r, ours, theirs):.2f}x") if r else "n/a")
+        flat = [r.median_us[ours] / n for n, r in sorted(cached.items()) if 64 <= n <= 4096]
+        spread = max(flat) / min(flat) if len(flat) > 1 else None
+        sizes = [n for n in sorted(cached) if 64 <= n <= 4096]
+        whole_range = "" if sizes[:1] == [64] and sizes[-1:] == [4096] else f", sizes {sizes} only"
+        row.append(mark(spread <= FLAT_SPREAD, f"max/min {spread:.2f}{whole_range}") if spread else "n/a")
+        r4 = cached.get(4)
+        row.append(mark(ratio(r4, ours, theirs) >= 1, f"{ratio(r4, ours, theirs):.2f}x") if r4 else "n/a")
+        row.append(mark(ratio(miss, ours, theirs) >= 1, f"{ratio(miss, ours, theirs):.2f}x") if miss else "n/a")
+        worse = [f"{r.case} {r.n_items}" for r in results if r.gcs_per_step[ours] > r.gcs_per_step[theirs]]
+        row.append("met" if not worse else f"NOT met ({', '.join(worse)})")
+        rows.append(row)
+    headers = ["pair", ">= 3x at 1,024", ">= 3x at 4,096", f"per-item flat, 64 to 4,096 (max/min <= {FLAT_SPREAD})",
+               "4 items >= 1x", "all-miss >= 1x", "GC per step <= SGLang's"]
+    return ["## Targets (all cached unless noted; CPU time ratios)", "", _table(headers, rows), ""]
+
+
+def _spread(cached: list[CaseResult], side: str) -> str:
+    per_item = [r.median_us[side] / r.n_items for r in cached if r.n_items >= 64]
+    return f"{max(per_item) / min(per_item):.2f}" if len(per_item) > 1 else "n/a"
+
+
+def _git(root: Path, *args: str) -> str:
+    try:
+        proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return proc.stdout.strip() or "?"
+
+
+def checkout_root() -> Path:
+    """The checkout whose ``mm_schedule`` this process imported."""
+    return Path(mm_schedule.__file__).resolve().parent.parent
+
+
+def environment(releases, stubbed: list[str]) -> list[str]:
+    root = checkout_root()
+    # Only the measured code counts: "?" means clean (or not a git checkout).
+    status = _git(root, "status", "--porcelain", "--untracked-files=no", "--", "mm_schedule", "kernels")
+    dirty = "" if status == "?" else " (with uncommitted changes to mm_schedule/ or kernels/)"
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return [
+        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        f"- command: `{' '.join(['python', *sys.argv])}`",
+        f"- mm_schedule: commit {_git(root, 'rev-parse', '--short', 'HEAD')}{dirty}",
+        f"- SGLang: {', '.join(r.wheel.name for r in releases)} (official wheels, `pip download --no-deps`)",
+        f"- stubbed SGLang modules (import-only, see benchmarks/_sglang_wheels.py): {len(stubbed)}",
+        f"- python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s),"
+        f" gc thresholds {gc.get_threshold()}",
+        "- glibc malloc: " + (", ".join(f"{k}={os.environ[k]}" for k in MALLOC_REUSE if k in os.environ) or "defaults"),
+        f"- CPU: {cpu} ({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores visible)",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="mm_schedule is imported from the running interpreter's path: run this file with another "
+               "checkout's interpreter from that checkout (cd /path/to/checkout && .venv/bin/python "
+               "/path/to/benchmarks/bench_vs_sglang.py --quick) to measure that checkout; the results "
+               "file then goes to that checkout's benchmarks/results/.",
+    )
+    parser.add_argument("--quick", action="store_true", help="sizes 4, 64, 1024 and few rounds; prints, writes no file")
+    parser.add_argument("--write", action="store_true", help="write the results file even with --quick")
+    parser.add_argument("--sizes", type=int, nargs="+", metavar="N", help="all-cached step sizes (items)")
+    parser.add_argument("--miss-size", type=int, default=MISS_SIZE, metavar="N", help="items of the all-miss step")
+    parser.add_argument("--budget", type=float, metavar="S", help="seconds of rounds per case")
+    parser.add_argument("--output", type=Path, help="results file (default: <checkout>/benchmarks/results/vs_sglang.md,"
+                        " or vs_sglang_reuse-freed-memory.md)")
+    parser.add_argument("--reuse-freed-memory", action="store_true",
+                        help="rerun under glibc malloc settings that keep freed memory for reuse, so that a step's"
+                             " large new result (over 32 MiB at 4,096 items) is not faulted in page by page on every"
+                             " step; every side pays those faults otherwise, and a GPU caching allocator does not")
+    args = parser.parse_args(argv)
+    if args.reuse_freed_memory and MALLOC_REUSE[0] not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **dict(MALLOC_REUSE_ENV)})
+
+    torch.set_num_threads(1)
+    sizes = args.sizes or (QUICK_CACHED_SIZES if args.quick else FULL_CACHED_SIZES)
+    budget = args.budget or (0.6 if args.quick else 4.0)
+    min_rounds, max_rounds = (5, 61) if args.quick else (11, 401)
+    print(f"mm_schedule from {checkout_root()}", flush=True)
+    try:
+        releases = [_sglang_wheels.load_release(v) for v in ("0.5.19", "0.5.17")]
+    except _sglang_wheels.WheelUnavailable as exc:
+        print(f"cannot load SGLang: {exc}", file=sys.stderr)
+        return 2
+    sides = make_sides(*releases)
+    stubbed = sorted(set(releases[0].stubbed) | set(releases[1].stubbed))
+    results, problems = [], []
+    cases = [(n, False) for n in sizes] + [(args.miss_size, True)]
+    for n, miss in cases:
+        batch = build_batch(n, seed=n)
+        result, found = measure(sides, batch, miss=miss, budget_s=budget, min_rounds=min_rounds, max_rounds=max_rounds)
+        results.append(result)
+        problems += found
+        print(f"{result.case:>10} {n:>5} items, {result.rounds:>3} rounds: " + ", ".join(
+            f"{o} {ratio(result, o, t):.2f}x vs {t}" for o, t in RATIOS), flush=True)
+    text = report(results, environment(releases, stubbed), problems)
+    print()
+    print(text)
+    if not args.quick or args.write or args.output:
+        name = "vs_sglang_reuse-freed-memory.md" if args.reuse_freed_memory else "vs_sglang.md"
+        path = args.output or checkout_root() / "benchmarks" / "results" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    print("check: " + ("FAIL" if problems else "PASS"))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
