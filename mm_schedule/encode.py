@@ -128,11 +128,12 @@ def encode_misses(
     *,
     device: Any = None,
     move_features: bool | None = None,
+    batches: list[tuple[str, list[int]]] | None = None,
 ) -> tuple[int, int]:
-    """Run every encoder batch of ``plan`` and store each miss's tensor on its source.
-    Returns ``(encoder calls, items encoded)``."""
+    """Run ``batches`` (default: every encoder batch of ``plan``) and store each miss's
+    tensor on its source. Returns ``(encoder calls, items encoded)``."""
     calls = items_encoded = 0
-    for modality, batch in plan.encoder_batches:
+    for modality, batch in plan.encoder_batches if batches is None else batches:
         sources = [plan.sources[i] for i in batch]
         items = [it for s in sources for it in s.items]
         expected = [n for s in sources for n in s.item_rows]

@@ -21,6 +21,13 @@ from .encode import encode_misses
 from .errors import EmbeddingLengthMismatch
 from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan, plan_step
 
+
+def rank_step(context: StepContext):
+    # Imported on use: a single-rank step never loads torch.distributed.
+    from .ranks.step import rank_step
+
+    return rank_step(context)
+
 Encoders = Callable | Mapping[Any, Callable]
 DEFAULT_CONTEXT = StepContext()
 
@@ -81,12 +88,21 @@ def run_step(
     assemble: Callable[[StepPlan, list[Any]], Any],
 ) -> StepResult:
     plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    ranks = rank_step(context) if context.group is not None else None
+    if ranks is not None:
+        ranks.agree(plan)
     if plan.hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(plan.hit_items, context.parallel)
     # This step's hits stay cached while its misses are inserted; assembly itself reads
     # the tensors the plan holds, so no later eviction can take rows away from it.
     with cache.pin(plan.hit_keys) if cache is not None else nullcontext():
-        calls, encoded = encode_misses(plan, encoders, device=device, move_features=context.move_features)
+
+        def encode(batches=None):
+            return encode_misses(
+                plan, encoders, device=device, move_features=context.move_features, batches=batches
+            )
+
+        calls, encoded = encode() if ranks is None else ranks.encode(plan, encode, device)
         if cache is not None:
             for s in plan.sources:
                 if s.status not in (HIT, PRECOMPUTED) and s.tensor is not None:

@@ -1,0 +1,226 @@
+"""Ranks of a process group (spawned processes, gloo on CPU) scheduling the same steps.
+
+One spawn per group size runs every scenario of ``rank_scenarios`` (process start-up
+dominates the cost); the tests below check the records against the single-process
+reference computed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from mm_schedule import EmbeddingCache, MMItem, RequestChunk, embed_chunk
+from mm_schedule.plan import plan_step
+from mm_schedule.ranks.shards import assign_shards, shares
+from mm_schedule.ranks.step import encoder_batches
+
+from .helpers import HIDDEN, CountingEncoder, naive_reference
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def run(request):
+    world = request.param
+    # Spawned processes import the scenarios by module name, from the sys.path they inherit.
+    sys.path.insert(0, str(HERE))
+    try:
+        scenarios = importlib.import_module("rank_scenarios")
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.start_processes(
+                scenarios.run_rank,
+                args=(world, os.path.join(tmp, "rendezvous"), tmp),
+                nprocs=world,
+                start_method="spawn",
+            )
+            records = [torch.load(f"{tmp}/rank{r}.pt", weights_only=False) for r in range(world)]
+    finally:
+        sys.path.remove(str(HERE))
+    return world, scenarios, records
+
+
+def _fused_reference(reqs) -> torch.Tensor:
+    """NaN rows everywhere but the placeholders, which hold the reference rows."""
+    rows = iter(naive_reference(reqs))
+    out = torch.full((sum(r.extend for r in reqs), HIDDEN), float("nan"))
+    base = 0
+    for r in reqs:
+        for p in range(r.prefix, r.prefix + r.extend):
+            if any(s <= p <= e for it in r.items for s, e in it.offsets):
+                out[base + p - r.prefix] = next(rows)
+        base += r.extend
+    return out
+
+
+def _same(a, b) -> bool:
+    """Bit-equal, NaN poison included; a step with no rows (None) equals an empty tensor."""
+    a, b = (torch.empty(0, HIDDEN) if t is None else t for t in (a, b))
+    return a.shape == b.shape and torch.equal(a.nan_to_num(7.5), b.nan_to_num(7.5))
+
+
+STEP_RUNS = [(parallel, fused) for parallel in (False, True) for fused in (False, True)]
+
+
+def _step_runs(world, scenarios, records):
+    for parallel, fused in STEP_RUNS:
+        batches = scenarios.steps(world * 10 + fused)
+        per_rank = [rec[("steps", parallel, fused)] for rec in records]
+        assert all(len(r) == len(batches) for r in per_rank)
+        yield parallel, fused, batches, per_rank
+
+
+def test_every_rank_returns_the_single_process_result(run):
+    world, scenarios, records = run
+    for _parallel, fused, batches, per_rank in _step_runs(world, scenarios, records):
+        single_cache = EmbeddingCache(1 << 20)
+        for i, reqs in enumerate(batches):
+            expected = _fused_reference(reqs) if fused else naive_reference(reqs)
+            single = embed_chunk(reqs, CountingEncoder(), cache=single_cache)
+            if not fused:
+                assert _same(single.embedding, expected)
+            for rank in range(world):
+                assert _same(per_rank[rank][i]["output"], expected), (fused, i, rank)
+
+
+def test_ranks_agree_on_hits_and_misses_whatever_their_caches_hold(run):
+    world, scenarios, records = run
+    disagreements = 0
+    for _parallel, _fused, batches, per_rank in _step_runs(world, scenarios, records):
+        for i in range(len(batches)):
+            steps = [per_rank[r][i] for r in range(world)]
+            assert all(s["status"] == steps[0]["status"] for s in steps)
+            assert all(s["keys"] == steps[0]["keys"] for s in steps)
+            for k, status in enumerate(steps[0]["status"]):
+                held = [s["held"][k] for s in steps]
+                assert status == ("hit" if all(held) else "miss")
+                disagreements += len(set(held)) > 1
+            if i == scenarios.JOIN_STEP:  # the rank that joined with an empty cache held nothing
+                assert not any(steps[world - 1]["held"])
+    assert disagreements > 10  # the budgets and histories really made the ranks differ
+
+
+def test_encoder_work_per_rank(run):
+    world, scenarios, records = run
+    for parallel, _fused, batches, per_rank in _step_runs(world, scenarios, records):
+        for i in range(len(batches)):
+            steps = [per_rank[r][i] for r in range(world)]
+            status, hashes, rows = steps[0]["status"], steps[0]["source_hashes"], steps[0]["rows"]
+            misses = [k for k, st in enumerate(status) if st == "miss"]
+            for s in steps:
+                assert s["calls"] == s["reported_calls"]
+            if not parallel:  # every rank encodes every agreed miss
+                expected = Counter(h for k in misses for h in hashes[k])
+                assert all(Counter(s["encoded"]) == expected for s in steps)
+                continue
+            # Each miss is encoded by exactly one rank: its owner under the token-balanced split.
+            owned = shares(assign_shards([rows[k] for k in misses], world), world)
+            for rank, s in enumerate(steps):
+                assert Counter(s["encoded"]) == Counter(h for j in owned[rank] for h in hashes[misses[j]])
+            total = Counter(h for s in steps for h in s["encoded"])
+            assert total == Counter(h for k in misses for h in hashes[k])
+
+
+def test_caches_hold_only_right_rows(run):
+    world, scenarios, records = run
+    for _parallel, _fused, _batches, per_rank in _step_runs(world, scenarios, records):
+        assert all(step["cached_right"] for rank_steps in per_rank for step in rank_steps)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["every-rank-encodes", "encoder-parallel"])
+@pytest.mark.parametrize("mode", ["raise", "short"])
+def test_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel, mode):
+    world, scenarios, records = run
+    seen = [rec[("faults", parallel, mode)] for rec in records]
+    errors = [s["error"] for s in seen]
+    assert all(e is not None and e["type"] == "RankFaultError" for e in errors)
+    assert all(e == errors[0] for e in errors)  # same message, rank, request and item on every rank
+    error = errors[0]
+    assert error["rank"] == 1
+    assert scenarios.FRESH <= error["item_hash"] < scenarios.FRESH + 10 * world
+    assert 0 <= error["request"] < world
+    assert f"item hash {error['item_hash']}" in error["message"]
+    cause = "simulated encoder crash" if mode == "raise" else "EmbeddingLengthMismatch"
+    assert cause in error["message"]
+    for s in seen:
+        assert s["fresh_cached"] == []  # nothing of the failed step was inserted anywhere
+        assert s["warm_cached"] == [True, True]
+        assert _same(s["after"], naive_reference(scenarios.fault_step(world)))
+
+
+def test_ranks_scheduling_different_batches_all_raise(run):
+    _world, _scenarios, records = run
+    errors = [rec["mismatch"]["error"] for rec in records]
+    assert all(e is not None and e["type"] == "RankMismatchError" for e in errors)
+    assert all(e["message"] == errors[0]["message"] for e in errors)
+    assert all(rec["mismatch"]["cached"] == 0 for rec in records)
+    items = [MMItem(hash=h, offsets=[(3 * h, 3 * h + 1)]) for h in range(2)]
+    expected = naive_reference([RequestChunk(items=items, prefix=0, extend=12)])
+    assert all(_same(rec["mismatch"]["after"], expected) for rec in records)
+
+
+def test_a_rank_that_never_arrives_is_a_timeout_error(run):
+    world, _scenarios, records = run
+    errors = [rec["absent"]["error"] for rec in records]
+    assert errors[world - 1] is None  # the absent rank never called the scheduler
+    for e in errors[: world - 1]:
+        assert e is not None and e["type"] == "RankTimeoutError", e
+
+
+# -- the pieces every rank computes alike, without processes ---------------------------------
+
+
+def test_shards_are_balanced_by_tokens_and_deterministic():
+    rng = random.Random(0)
+    for _ in range(300):
+        world = rng.randint(1, 8)
+        tokens = [rng.choice([1, 4, 64, 729, 729 * 8]) for _ in range(rng.randint(0, 30))]
+        owners = assign_shards(tokens, world)
+        assert owners == assign_shards(list(tokens), world)
+        assert all(0 <= o < world for o in owners)
+        loads = [sum(tokens[i] for i in share) for share in shares(owners, world)]
+        if tokens:
+            # Greedy onto the least-loaded rank: no rank ends more than one unit above the mean.
+            assert max(loads) <= sum(tokens) / world + max(tokens)
+    # Token count, not item count: one long video balances against many images.
+    assert assign_shards([40, 1, 1, 1, 1], 2) == [0, 1, 1, 1, 1]
+    assert assign_shards([3, 3], 4) == [0, 1]
+    with pytest.raises(ValueError):
+        assign_shards([1], 0)
+
+
+@pytest.mark.parametrize("budget", [None, 1, 5])
+def test_rebuilt_encoder_batches_match_the_planner(budget):
+    """With every key missing, batches rebuilt from the agreed miss set are exactly the
+    single-process planner's batches (same calls, same order, same items)."""
+    rng = random.Random(budget or 0)
+    for _ in range(60):
+        reqs = []
+        for r in range(rng.randint(1, 4)):
+            pos, items = 0, []
+            for j in range(rng.randint(0, 4)):
+                modality = rng.choice(["IMAGE", "AUDIO"])
+                n_spans = 2 if rng.random() < 0.2 else 1
+                spans = []
+                for _ in range(n_spans):
+                    n = rng.randint(1, 4)
+                    spans.append((pos, pos + n - 1))
+                    pos += n + 1
+                h = rng.choice([1, 2, 3]) if n_spans == 1 and rng.random() < 0.5 else 100 * r + j + 10
+                if n_spans == 1 and h < 10:
+                    spans = [(spans[0][0], spans[0][0] + h)]
+                    pos = spans[0][1] + 2
+                items.append(MMItem(modality=modality, hash=h, offsets=spans))
+            reqs.append(RequestChunk(items=items, prefix=rng.randint(0, 3), extend=rng.randint(1, 12)))
+        plan = plan_step(reqs, None, max_tokens_per_encoder_call=budget)
+        misses = list(range(len(plan.sources)))
+        assert encoder_batches(plan.sources, misses, budget) == plan.encoder_batches
