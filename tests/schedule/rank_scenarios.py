@@ -24,7 +24,7 @@ POOL = list(range(1, 25))  # image hashes shared by all prompts; rows depend on 
 # Per-rank cache budgets in rows, deliberately different (rank 2's evicts every step).
 BUDGET_ROWS = [10_000, 40, 6, 120]
 JOIN_STEP = 3  # the last rank replaces its cache with an empty one before this step
-TIMEOUT_S = 2
+TIMEOUT_S = 1
 
 
 def image_rows(h: int) -> int:
@@ -207,12 +207,11 @@ def mismatch(rank: int, world: int, group) -> dict:
     return record
 
 
-def absent_rank(rank: int, world: int) -> dict:
-    """The last rank never arrives at a step on a group with a short timeout."""
-    group = dist.new_group(list(range(world)), backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
+def absent_rank(rank: int, world: int, group) -> dict:
+    """The last rank never arrives at a step on ``group`` (which has a short timeout)."""
     record: dict = {"error": None}
     if rank == world - 1:
-        time.sleep(TIMEOUT_S + 2)  # alive but elsewhere, so the others see a timeout, not a closed peer
+        time.sleep(TIMEOUT_S + 1.5)  # alive but elsewhere, so the others see a timeout, not a closed peer
         return record
     reqs = [RequestChunk(items=[MMItem(hash=5, offsets=[(0, 1)], feature=torch.zeros(1))], prefix=0, extend=2)]
     try:
@@ -222,12 +221,7 @@ def absent_rank(rank: int, world: int) -> dict:
     return record
 
 
-def run_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
-    )
-    group = dist.group.WORLD
+def scenarios(rank: int, world: int, group, short_timeout_group) -> dict:
     results = {}
     for parallel in (False, True):
         for fused in (False, True):
@@ -237,7 +231,28 @@ def run_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
         for mode in ("raise", "short"):
             results[("faults", parallel, mode)] = faults(rank, world, group, parallel=parallel, mode=mode)
     results["mismatch"] = mismatch(rank, world, group)
-    results["absent"] = absent_rank(rank, world)
+    results["absent"] = absent_rank(rank, world, short_timeout_group)
+    return results
+
+
+def run_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
+    """Four processes: first two independent 2-rank groups ({0, 1} and {2, 3}, as the
+    tensor-parallel groups inside a larger world are) run every scenario side by side,
+    then all four ranks run them as one group."""
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    short = timedelta(seconds=TIMEOUT_S)
+    # Every process creates every group, in the same order, as torch.distributed requires.
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    short_pairs = [dist.new_group([0, 1], timeout=short), dist.new_group([2, 3], timeout=short)]
+    short_world = dist.new_group(list(range(world)), timeout=short)
+    pair = rank // 2
+    results = {
+        2: scenarios(dist.get_rank(pairs[pair]), 2, pairs[pair], short_pairs[pair]),
+        world: scenarios(rank, world, dist.group.WORLD, short_world),
+    }
     torch.save(results, f"{out_dir}/rank{rank}.pt")
-    dist.barrier(group)
+    dist.barrier()
     dist.destroy_process_group()

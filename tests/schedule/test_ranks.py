@@ -29,9 +29,12 @@ from .helpers import HIDDEN, CountingEncoder, naive_reference
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
-def run(request):
-    world = request.param
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def spawned():
+    """Records of one spawn of four processes: per group size, per group, per rank."""
     # Spawned processes import the scenarios by module name, from the sys.path they inherit.
     sys.path.insert(0, str(HERE))
     try:
@@ -39,14 +42,22 @@ def run(request):
         with tempfile.TemporaryDirectory() as tmp:
             mp.start_processes(
                 scenarios.run_rank,
-                args=(world, os.path.join(tmp, "rendezvous"), tmp),
-                nprocs=world,
+                args=(WORLD, os.path.join(tmp, "rendezvous"), tmp),
+                nprocs=WORLD,
                 start_method="spawn",
             )
-            records = [torch.load(f"{tmp}/rank{r}.pt", weights_only=False) for r in range(world)]
+            records = [torch.load(f"{tmp}/rank{r}.pt", weights_only=False) for r in range(WORLD)]
     finally:
         sys.path.remove(str(HERE))
-    return world, scenarios, records
+    groups = {2: [[records[0][2], records[1][2]], [records[2][2], records[3][2]]], 4: [[r[4] for r in records]]}
+    return scenarios, groups
+
+
+@pytest.fixture(params=[(2, 0), (2, 1), (4, 0)], ids=["2-ranks-0-1", "2-ranks-2-3", "4-ranks"])
+def run(request, spawned):
+    scenarios, groups = spawned
+    world, index = request.param
+    return world, scenarios, groups[world][index]
 
 
 def _fused_reference(reqs) -> torch.Tensor:
