@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from helpers import HIDDEN, CountingEncoder, item_rows, truth  # on sys.path: see test_ranks.py
 
+import mm_schedule
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk, StepContext, embed_chunk, merge_chunk
 from mm_schedule.plan import plan_step
 
@@ -109,11 +110,18 @@ def _error(exc: BaseException) -> dict:
     }
 
 
-def consistent_steps(rank: int, world: int, group, *, parallel: bool, fused: bool, seed: int) -> list[dict]:
+def consistent_steps(
+    rank: int, world: int, group, *, parallel: bool, fused: bool, seed: int, rows_group=None
+) -> list[dict]:
     cache = EmbeddingCache(BUDGET_ROWS[rank % len(BUDGET_ROWS)] * ROW_BYTES)
     _history(cache, rank)
     enc = CountingEncoder(as_list=rank % 2 == 1)
-    ctx = StepContext(group=group, encoder_parallel=parallel, max_tokens_per_encoder_call=12 if fused else None)
+    ctx = StepContext(
+        group=group,
+        encoder_parallel=parallel,
+        rows_group=rows_group,
+        max_tokens_per_encoder_call=12 if fused else None,
+    )
     records = []
     for index, reqs in enumerate(steps(seed)):
         if index == JOIN_STEP and rank == world - 1:
@@ -221,15 +229,60 @@ def absent_rank(rank: int, world: int, group) -> dict:
     return record
 
 
-def scenarios(rank: int, world: int, group, short_timeout_group) -> dict:
+PAD = 5
+
+
+def images_only(reqs: list[RequestChunk]) -> list[RequestChunk]:
+    return [
+        RequestChunk(items=[it for it in r.items if it.modality == "IMAGE"], prefix=r.prefix, extend=r.extend)
+        for r in reqs
+    ]
+
+
+def sglang_compat(rank: int, world: int, group, seed: int) -> dict:
+    """SGLang's function, with the group set once in the step context and the module cache."""
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=True))
+    enc = CountingEncoder()
+    outputs = []
+    try:
+        for reqs in steps(seed):
+            reqs = images_only(reqs)
+            items = [it for r in reqs for it in r.items]
+            sizes = [0]
+            for r in reqs:
+                sizes.append(sizes[-1] + len(r.items))
+            ids = torch.cat(
+                [
+                    torch.tensor(
+                        [PAD if any(s <= p <= e for it in r.items for s, e in it.offsets) else 0
+                         for p in range(r.prefix, r.prefix + r.extend)],
+                        dtype=torch.int64,
+                    )
+                    for r in reqs
+                ]
+            )
+            embedding, _mask, _ids = mm_schedule.get_embedding_and_mask(
+                enc, items, torch.tensor([PAD]), ids, sizes, [r.prefix for r in reqs], [r.extend for r in reqs],
+                [[s for it in r.items for s in it.offsets] for r in reqs],
+            )
+            outputs.append(embedding)
+    finally:
+        mm_schedule.set_step_context(StepContext())
+    return {"outputs": outputs, "encoded": enc.items_encoded}
+
+
+def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> dict:
     results = {}
     for parallel in (False, True):
         for fused in (False, True):
             results[("steps", parallel, fused)] = consistent_steps(
-                rank, world, group, parallel=parallel, fused=fused, seed=world * 10 + fused
+                rank, world, group, parallel=parallel, fused=fused, seed=world * 10 + fused,
+                rows_group=rows_group if parallel and fused else None,
             )
         for mode in ("raise", "short"):
             results[("faults", parallel, mode)] = faults(rank, world, group, parallel=parallel, mode=mode)
+    results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["mismatch"] = mismatch(rank, world, group)
     results["absent"] = absent_rank(rank, world, short_timeout_group)
     return results
@@ -248,10 +301,13 @@ def run_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     short_pairs = [dist.new_group([0, 1], timeout=short), dist.new_group([2, 3], timeout=short)]
     short_world = dist.new_group(list(range(world)), timeout=short)
+    # Second groups over the same ranks, for the rows of encoder-parallel steps.
+    rows_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    rows_world = dist.new_group(list(range(world)))
     pair = rank // 2
     results = {
-        2: scenarios(dist.get_rank(pairs[pair]), 2, pairs[pair], short_pairs[pair]),
-        world: scenarios(rank, world, dist.group.WORLD, short_world),
+        2: scenarios(dist.get_rank(pairs[pair]), 2, pairs[pair], short_pairs[pair], rows_pairs[pair]),
+        world: scenarios(rank, world, dist.group.WORLD, short_world, rows_world),
     }
     torch.save(results, f"{out_dir}/rank{rank}.pt")
     dist.barrier()

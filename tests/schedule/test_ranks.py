@@ -168,6 +168,21 @@ def test_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel, mode)
         assert _same(s["after"], naive_reference(scenarios.fault_step(world)))
 
 
+def test_sglang_compatible_function_takes_the_group_from_the_step_context(run):
+    world, scenarios, records = run
+    batches = [scenarios.images_only(reqs) for reqs in scenarios.steps(world * 10 + 5)]
+    for rec in records:
+        assert len(rec["compat"]["outputs"]) == len(batches)
+        for got, reqs in zip(rec["compat"]["outputs"], batches):
+            assert _same(got, naive_reference(reqs))
+    # The misses were shared out, not encoded on every rank: together the ranks encoded
+    # what one process with the same (ample) cache encodes.
+    single, cache = CountingEncoder(), EmbeddingCache(1 << 20)
+    for reqs in batches:
+        embed_chunk(reqs, single, cache=cache)
+    assert sum(rec["compat"]["encoded"] for rec in records) == single.items_encoded > 0
+
+
 def test_ranks_scheduling_different_batches_all_raise(run):
     _world, _scenarios, records = run
     errors = [rec["mismatch"]["error"] for rec in records]
