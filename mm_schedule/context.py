@@ -39,9 +39,8 @@ class StepContext:
     """Per-engine settings of a scheduling step."""
 
     parallel: ParallelContext = ParallelContext()
+    # Called once per successful step with every request's item served from the cache.
     on_cache_hit: AckHook | None = acknowledge_deferred_ipc
-    # None: decide per encoder (some encoders move their inputs themselves).
-    move_features: bool | None = None
     # Upper bound on placeholder tokens per encoder call; None = one call per modality.
     max_tokens_per_encoder_call: int | None = None
     # A torch.distributed process group whose ranks schedule this same step (an

@@ -11,7 +11,8 @@ the same rows, and a rank that served the old copy cannot drift from one that di
 
 The same vector carries a header: the maximum and the negated minimum of a
 fingerprint of the step (keys, rows, group size, settings) and of the key count, so
-ranks planning different batches are caught by the same collective. It has a fixed
+ranks planning different batches are caught by the same collective, and a flag for a
+rank that already failed (a cached entry unfit for the step). It has a fixed
 length (2 KiB) so that ranks which disagree on the key count still exchange buffers of
 one size; a step with more distinct keys than fit sends the rest in a second
 all-reduce, whose length every rank then knows.
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from ..errors import RankMismatchError
 from .group import RankGroup
 
-_HEADER = 4
+_HEADER = 5
 FIRST_ROUND_KEYS = 256 - _HEADER
 _FINGERPRINT_BITS = (1 << 62) - 1  # leaves room to negate within int64
 
@@ -43,14 +44,18 @@ def agree_misses(
     local_miss: Sequence[bool],
     *,
     settings: Sequence[int] = (),
-) -> list[bool]:
-    """The agreed miss flag of each key, identical on every rank of ``group``.
+    failed: bool = False,
+) -> tuple[list[bool], bool]:
+    """The agreed miss flag of each key, identical on every rank of ``group``, and
+    whether any rank reported ``failed`` (a local failure found before agreeing).
     ``settings`` (ints) must be equal on every rank, like the keys and rows."""
     n = len(keys)
     fp = step_fingerprint(keys, rows, (group.size, *settings))
     first = [int(bool(m)) for m in local_miss[:FIRST_ROUND_KEYS]]
     first += [0] * (FIRST_ROUND_KEYS - len(first))
-    out = group.all_reduce_max([fp, -fp, n, -n, *first], "agreeing on the step's cache misses")
+    out = group.all_reduce_max([fp, -fp, n, -n, int(failed), *first], "agreeing on the step's cache misses")
+    if out[4]:
+        return [], True
     if out[0] != -out[1] or out[2] != -out[3]:
         raise RankMismatchError(
             "the ranks of the process group planned different steps "
@@ -61,4 +66,4 @@ def agree_misses(
     if n > FIRST_ROUND_KEYS:
         rest = [int(bool(m)) for m in local_miss[FIRST_ROUND_KEYS:]]
         flags += group.all_reduce_max(rest, "agreeing on the step's cache misses (keys beyond the first round)")
-    return [bool(f) for f in flags]
+    return [bool(f) for f in flags], False

@@ -1,9 +1,11 @@
 """Agreeing on a step's outcome, so that a fault on one rank is a fault on all.
 
 After encoding (whether it worked or raised), every rank joins one small all-gather of
-``(failed, hidden, dtype code)``. If any rank failed, the ranks gather the failed
-ranks' descriptions (this second collective runs only on that path) and all raise the
-same ``RankFaultError``, naming the first failed rank, the request and the item hash.
+``(failed, hidden, dtype code)``; checking the step's cache hits, before the ranks
+agree on misses, reports its failures through the agreement vector instead. If any
+rank failed, the ranks gather the failed ranks' descriptions (this second collective
+runs only on that path) and all raise the same ``RankFaultError``, naming the first
+failed rank, the request and the item hash.
 The step's results are dropped before anything is inserted into a cache, so the next
 step starts from the caches as they were.
 """
@@ -49,6 +51,18 @@ class Fault:
         )
 
 
+def raise_agreed_fault(group: RankGroup, fault: Fault | None, cause: BaseException | None = None) -> None:
+    """Once every rank knows that some rank failed: collect the descriptions and raise
+    the same ``RankFaultError`` on every rank (the first failed rank's, naming the others)."""
+    faults = group.all_gather_objects(fault, "collecting the failed ranks' errors")
+    failed = [f for f in faults if f is not None]
+    first = failed[0]
+    message = first.describe()
+    if len(failed) > 1:
+        message += f" (ranks {[f.rank for f in failed[1:]]} failed in this step too)"
+    raise RankFaultError(message, rank=first.rank, request=first.request, item_hash=first.item_hash) from cause
+
+
 def settle(
     group: RankGroup,
     fault: Fault | None,
@@ -64,16 +78,8 @@ def settle(
     rows = group.all_gather_ints(
         [int(fault is not None), hidden, dtype_code], "agreeing on the step's encoder status"
     )
-    failed = [rank for rank, row in enumerate(rows) if row[0]]
-    if failed:
-        faults = group.all_gather_objects(fault, "collecting the failed ranks' errors")
-        first = faults[failed[0]]
-        message = first.describe()
-        if len(failed) > 1:
-            message += f" (ranks {failed[1:]} failed in this step too)"
-        raise RankFaultError(
-            message, rank=first.rank, request=first.request, item_hash=first.item_hash
-        ) from cause
+    if any(row[0] for row in rows):
+        raise_agreed_fault(group, fault, cause)
     shapes = [(rank, (row[1], row[2])) for rank, row in enumerate(rows) if row[1]]
     odd = [rank for rank, shape in shapes if shape != shapes[0][1]]
     if odd:

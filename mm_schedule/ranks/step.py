@@ -1,146 +1,169 @@
 """A scheduling step shared by the ranks of a process group.
 
-The scheduler calls two methods between planning and caching:
+The scheduler hands the step over at one seam, between planning and encoding:
 
-1. ``agree(plan)``: the agreed miss set replaces each rank's local one (a local hit
-   that another rank missed becomes a miss), and the encoder batches are rebuilt from
-   it in plan order, so every rank holds the same plan whatever its cache held.
-2. ``encode(plan, encode_batches)``: every rank encodes the agreed misses (or, with
-   encoder parallelism, its share of them), the ranks settle the outcome (a fault
-   anywhere raises the same error everywhere), and in parallel mode the rows are
-   exchanged so every rank ends with every miss's rows.
-
-Inserting into the cache happens after ``encode`` returns, i.e. only once every rank
-has succeeded.
+1. ``agree(plan, cache, expected)``: the step's cache hits are checked (an unfit entry
+   is a failure of this rank, reported through the agreement), then the agreed miss set
+   replaces each rank's local one (a local hit that another rank missed becomes a
+   miss) and the encoder batches are rebuilt from it in plan order, by the planner's
+   own rule: every rank returns the same plan, whatever its cache held. With encoder
+   parallelism the returned plan's encoder batches are this rank's share only.
+2. ``prepare_rows(plan, encoders, cache, expected)``: this rank encodes its batches
+   and validates the outputs; the ranks settle the outcome (a fault anywhere raises the
+   same error everywhere); in parallel mode the rows are exchanged, so every rank holds
+   every miss's rows; only then is anything inserted into the cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from ..plan import HIT, MISS, PER_ITEM, Source, StepPlan
+from ..encode import Encoders, encode_misses
+from ..plan import HIT, MISS, StepPlan, batch_misses
+from ..validate import Expected, check_outputs, check_tensor
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
-from .faults import Fault, settle
+from .faults import Fault, raise_agreed_fault, settle
 from .group import RankGroup
 from .shards import assign_shards
 
-Batches = list[tuple[str, list[int]]]
-EncodeBatches = Callable[[Batches], tuple[int, int]]
+
+def replace_plan(plan: StepPlan, **columns: Any) -> StepPlan:
+    fields = {name: getattr(plan, name) for name in StepPlan.__slots__}
+    fields.update(columns)
+    return StepPlan(**fields)
 
 
-def encoder_batches(sources: Sequence[Source], misses: Sequence[int], budget: int | None) -> Batches:
-    """Encoder calls for ``misses`` (source indices, plan order), by the planner's rule:
-    per-item misses of one modality together (split by the token budget), modalities
-    in order of their first miss, then one call per whole-request miss."""
-    per_modality: dict[str, list[list[int]]] = {}
-    whole: Batches = []
-    for i in misses:
-        s = sources[i]
-        if s.scope != PER_ITEM:
-            whole.append((s.modality, [i]))
-            continue
-        batches = per_modality.setdefault(s.modality, [[]])
-        current = batches[-1]
-        tokens = sum(sources[j].rows for j in current)
-        if budget is not None and current and tokens + s.rows > budget:
-            batches.append(current := [])
-        current.append(i)
-    return [(m, b) for m, batches in per_modality.items() for b in batches] + whole
+def _hash_of(plan: StepPlan, source: int) -> int | None:
+    return getattr(plan.first_items[source], "hash", None)
 
 
 class RankStep:
+    """One step's part in a process group (a new one per step)."""
+
     def __init__(self, group: RankGroup, *, encoder_parallel: bool, budget: int | None) -> None:
         self.group = group
         self.encoder_parallel = encoder_parallel
         self.budget = budget
+        self.tensors: list[Any] = []  # the step's checked source tensors
+        self.misses: list[int] = []  # agreed misses, plan order
+        self.owners: list[int] = []  # encoding rank of each agreed miss
 
-    def agree(self, plan: StepPlan) -> None:
-        cached = [i for i, s in enumerate(plan.sources) if s.status in (HIT, MISS)]
-        flags = agree_misses(
+    def agree(self, plan: StepPlan, cache: Any, expected: Expected) -> StepPlan:
+        from ..scheduler import check_sources
+
+        fault = cause = None
+        try:
+            self.tensors = check_sources(plan, expected, cache)
+        except Exception as exc:  # reported to every rank through the agreement
+            fault, cause = Fault.from_exception(exc, rank=self.group.rank, request=None, item_hash=None), exc
+        cached = [i for i, kind in enumerate(plan.kinds) if kind is HIT or kind is MISS]
+        flags, someone_failed = agree_misses(
             self.group,
-            [plan.sources[i].key for i in cached],
-            [plan.sources[i].rows for i in cached],
-            [plan.sources[i].status == MISS for i in cached],
+            [plan.keys[i] for i in cached],
+            [plan.rows[i] for i in cached],
+            [plan.kinds[i] is MISS for i in cached],
             settings=(self.encoder_parallel, -1 if self.budget is None else self.budget),
+            failed=fault is not None,
         )
-        demoted = set()
+        if someone_failed:
+            raise_agreed_fault(self.group, fault, cause)
+        kinds = list(plan.kinds)
+        demoted: set[int] = set()
         for i, miss in zip(cached, flags):
-            s = plan.sources[i]
-            if miss and s.status == HIT:
-                s.status, s.tensor = MISS, None
-                demoted.update(id(item) for item in s.items)
-        if demoted:
-            plan.hit_items = [item for item in plan.hit_items if id(item) not in demoted]
-        misses = [i for i, miss in zip(cached, flags) if miss]
-        plan.encoder_batches = encoder_batches(plan.sources, misses, self.budget)
-
-    def encode(self, plan: StepPlan, encode_batches: EncodeBatches, device: Any = None) -> tuple[int, int]:
-        """Encode this rank's part of the agreed misses; returns ``(calls, items)``."""
-        misses = [i for i, s in enumerate(plan.sources) if s.status == MISS]
-        if not misses:
-            return 0, 0
-        group = self.group
+            if miss and kinds[i] is HIT:
+                kinds[i] = MISS
+                self.tensors[i] = None
+                demoted.update(id(item) for item in plan.items_of(i))
+        self.misses = [i for i, miss in zip(cached, flags) if miss]
+        mine = kinds
         if self.encoder_parallel:
-            owners = assign_shards([plan.sources[i].rows for i in misses], group.size)
-            owned = [i for i, rank in zip(misses, owners) if rank == group.rank]
-            batches = encoder_batches(plan.sources, owned, self.budget)
-        else:
-            owned, batches = misses, plan.encoder_batches
-        calls = items = 0
-        fault, cause = None, None
-        for batch in batches:
+            self.owners = assign_shards([plan.rows[i] for i in self.misses], self.group.size)
+            # Batch only this rank's share: the others' misses are hidden from the rule.
+            mine = list(kinds)
+            for i, rank in zip(self.misses, self.owners):
+                if rank != self.group.rank:
+                    mine[i] = HIT
+        batches = batch_misses(mine, plan.rows, plan.modalities, plan.multi_items, self.budget)
+        if not demoted and tuple(batches) == plan.encoder_batches:
+            return plan
+        missing = set(self.misses)
+        return replace_plan(
+            plan,
+            kinds=kinds,
+            tensors=[None if i in missing else t for i, t in enumerate(plan.tensors)],
+            encoder_batches=batches,
+            hit_items=[item for item in plan.hit_items if id(item) not in demoted],
+        )
+
+    def prepare_rows(
+        self, plan: StepPlan, encoders: Encoders, cache: Any, expected: Expected, *, move_features: bool = False
+    ) -> tuple[list[Any], list]:
+        """Phases 4-6 of the step on this rank; returns ``(tensors by source, raw outputs)``."""
+        from ..scheduler import insert_encoded
+
+        tensors, outputs = self.tensors, []
+        fault = cause = None
+        for batch in plan.encoder_batches:
+            one = replace_plan(plan, encoder_batches=[batch])
             try:
-                c, n = encode_batches([batch])
+                produced = encode_misses(one, encoders, device=expected.device, move_features=move_features)
+                check_outputs(one, produced, tensors, expected)
             except Exception as exc:  # reported to every rank by settle(), then raised there
-                first = plan.sources[batch[1][0]]
+                first = batch[1][0]
                 fault = Fault.from_exception(
-                    exc, rank=group.rank, request=first.request, item_hash=_hash_of(first)
+                    exc, rank=self.group.rank, request=plan.requests[first], item_hash=_hash_of(plan, first)
                 )
                 cause = exc
                 break
-            calls, items = calls + c, items + n
-        hidden = code = 0
-        if fault is None and owned:
-            fault, hidden, code = self._output_shape(plan, owned)
-        hidden, code = settle(group, fault, hidden=hidden, dtype_code=code, cause=cause)
-        if self.encoder_parallel:
-            rows = [plan.sources[i].rows for i in misses]
-            mine = {j: plan.sources[i].tensor for j, i in enumerate(misses) if owners[j] == group.rank}
-            tensors = exchange_rows(
-                group, owners, rows, mine, hidden=hidden, dtype=dtype_of(code),
-                device=device if device is not None else group.device,
-            )
-            for i, tensor in zip(misses, tensors):
-                plan.sources[i].tensor = tensor
-        return calls, items
+            outputs.extend(produced)
+        if self.misses:
+            encoded = [i for _, batch in plan.encoder_batches for i in batch]
+            hidden = code = 0
+            if fault is None and encoded:
+                fault, hidden, code = self._output_shape(plan, tensors, encoded)
+            hidden, code = settle(self.group, fault, hidden=hidden, dtype_code=code, cause=cause)
+            if self.encoder_parallel:
+                self._receive(plan, tensors, expected, hidden, code)
+        insert_encoded(cache, plan, tensors, self.misses)
+        return tensors, outputs
 
-    def _output_shape(self, plan: StepPlan, owned: Sequence[int]) -> tuple[Fault | None, int, int]:
+    def _receive(self, plan: StepPlan, tensors: list[Any], expected: Expected, hidden: int, code: int) -> None:
+        rank = self.group.rank
+        rows = [plan.rows[i] for i in self.misses]
+        mine = {j: tensors[i] for j, i in enumerate(self.misses) if self.owners[j] == rank}
+        device = expected.device if expected.device is not None else self.group.device
+        received = exchange_rows(
+            self.group, self.owners, rows, mine, hidden=hidden, dtype=dtype_of(code), device=device
+        )
+        for j, (i, t) in enumerate(zip(self.misses, received)):
+            if self.owners[j] != rank:
+                where = f"request {plan.requests[i]}, item hash {_hash_of(plan, i)}"
+                tensors[i] = check_tensor(t, expected, where, f"the rows received from rank {self.owners[j]}")
+
+    def _output_shape(self, plan: StepPlan, tensors: list[Any], encoded: Sequence[int]) -> tuple[Fault | None, int, int]:
         """``(fault, hidden, dtype code)`` of this rank's outputs. Rows are exchanged in
         one buffer, so in parallel mode they must share one hidden size and dtype."""
-        first = plan.sources[owned[0]].tensor
+        first = tensors[encoded[0]]
         hidden, dtype = first.shape[-1], first.dtype
         code = DTYPE_CODES.get(dtype, 0)
         if not self.encoder_parallel:
             return None, hidden, code
-        for i in owned:
-            t = plan.sources[i].tensor
+        for i in encoded:
+            t = tensors[i]
             if t.shape[-1] != hidden or t.dtype != dtype or code == 0:
-                s = plan.sources[i]
                 fault = Fault(
-                    rank=self.group.rank, request=s.request, item_hash=_hash_of(s), error="EncoderOutputError",
+                    rank=self.group.rank, request=plan.requests[i], item_hash=_hash_of(plan, i),
+                    error="EncoderOutputError",
                     message=(
-                        f"encoder-parallel steps exchange rows of one floating dtype and hidden size; got "
-                        f"{tuple(t.shape)} {t.dtype} after {tuple(first.shape)} {dtype}"
+                        "encoder-parallel steps exchange rows of one floating dtype "
+                        f"({', '.join(str(d) for d in DTYPE_CODES)}) and one hidden size; got "
+                        f"{tuple(t.shape)} {t.dtype} beside {tuple(first.shape)} {dtype}"
                     ),
                 )
                 return fault, 0, 0
         return None, hidden, code
-
-
-def _hash_of(source: Source) -> int | None:
-    return getattr(source.items[0], "hash", None) if source.items else None
 
 
 def rank_step(context: Any) -> RankStep | None:

@@ -17,8 +17,15 @@ import torch.distributed as dist
 from helpers import HIDDEN, CountingEncoder, item_rows, truth  # on sys.path: see test_ranks.py
 
 import mm_schedule
-from mm_schedule import EmbeddingCache, MMItem, RequestChunk, StepContext, embed_chunk, merge_chunk
-from mm_schedule.plan import plan_step
+from mm_schedule import (
+    EmbeddingCache,
+    MMItem,
+    RequestChunk,
+    StepContext,
+    embed_chunk,
+    merge_chunk,
+    plan_step,
+)
 
 ROW_BYTES = HIDDEN * 4
 POOL = list(range(1, 25))  # image hashes shared by all prompts; rows depend on the hash
@@ -145,7 +152,7 @@ def consistent_steps(
                 "output": output,
                 "keys": keys,
                 "held": held,
-                "status": [s.status for s in result.plan.sources],
+                "status": [s.status.value for s in result.plan.sources],
                 "source_hashes": [[int(it.hash) for it in s.items] for s in result.plan.sources],
                 "rows": [s.rows for s in result.plan.sources],
                 "encoded": [h for call in enc.calls for h in call],

@@ -20,9 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk, embed_chunk
-from mm_schedule.plan import plan_step
 from mm_schedule.ranks.shards import assign_shards, shares
-from mm_schedule.ranks.step import encoder_batches
 
 from .helpers import HIDDEN, CountingEncoder, naive_reference
 
@@ -222,31 +220,3 @@ def test_shards_are_balanced_by_tokens_and_deterministic():
     assert assign_shards([3, 3], 4) == [0, 1]
     with pytest.raises(ValueError):
         assign_shards([1], 0)
-
-
-@pytest.mark.parametrize("budget", [None, 1, 5])
-def test_rebuilt_encoder_batches_match_the_planner(budget):
-    """With every key missing, batches rebuilt from the agreed miss set are exactly the
-    single-process planner's batches (same calls, same order, same items)."""
-    rng = random.Random(budget or 0)
-    for _ in range(60):
-        reqs = []
-        for r in range(rng.randint(1, 4)):
-            pos, items = 0, []
-            for j in range(rng.randint(0, 4)):
-                modality = rng.choice(["IMAGE", "AUDIO"])
-                n_spans = 2 if rng.random() < 0.2 else 1
-                spans = []
-                for _ in range(n_spans):
-                    n = rng.randint(1, 4)
-                    spans.append((pos, pos + n - 1))
-                    pos += n + 1
-                h = rng.choice([1, 2, 3]) if n_spans == 1 and rng.random() < 0.5 else 100 * r + j + 10
-                if n_spans == 1 and h < 10:
-                    spans = [(spans[0][0], spans[0][0] + h)]
-                    pos = spans[0][1] + 2
-                items.append(MMItem(modality=modality, hash=h, offsets=spans))
-            reqs.append(RequestChunk(items=items, prefix=rng.randint(0, 3), extend=rng.randint(1, 12)))
-        plan = plan_step(reqs, None, max_tokens_per_encoder_call=budget)
-        misses = list(range(len(plan.sources)))
-        assert encoder_batches(plan.sources, misses, budget) == plan.encoder_batches
