@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .kernels.trusted import copy_segments
@@ -36,11 +37,9 @@ def fused_table(plan: StepPlan) -> SegmentTable:
     return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_token_row)
 
 
-def one_dtype(tensors: list[Any], dtypes: set, target: Any) -> list[Any]:
+def one_dtype(tensors: Sequence[Any], target: Any) -> list[Any]:
     """The Triton kernel reads one source dtype per launch; sources that disagree (a bf16
     image encoder beside an fp32 audio one) are cast to ``target`` up front."""
-    if len(dtypes) <= 1:
-        return tensors
     return [t if t is None or t.dtype == target else t.to(target) for t in tensors]
 
 

@@ -92,13 +92,14 @@ class SegmentView(NamedTuple):
     request: int
 
 
-class StepPlan:
+class StepPlan(NamedTuple):
     """What one step needs, as parallel columns (index = source or segment number).
 
     Sources: ``kinds``, ``keys``, ``rows``, ``requests`` (first request that needs it),
     ``modalities``, ``tensors`` (the cached or precomputed tensor; None for misses),
     ``first_items`` (the item whose embedding it is; for a whole-request source the
-    first of its items, all of them in ``multi_items``).
+    first of its items), ``multi_items`` (whole-request sources: ``source -> (items,
+    rows per item)``).
     Segments: ``seg_source``, ``seg_src_row``, ``seg_rows``, ``seg_packed_row``,
     ``seg_token_row``, ``seg_request``.
     ``encoder_batches``: ``(modality, source indices)`` per encoder call, in call order.
@@ -106,49 +107,31 @@ class StepPlan:
     ``n_rows``: rows of the packed layout; ``n_tokens``: extend tokens of all requests.
     ``cache_layout``: ``(hidden, dtype, device)`` shared by every cache entry at lookup
     time (None when they differ or nothing was looked up).
+
+    A plan is never changed once built (the columns are read-only by contract, and are
+    not copied for it); a step that must change a decision (several ranks agreeing on
+    misses) builds a new plan with ``_replace``.
     """
 
-    __slots__ = (
-        "cache_layout",
-        "encoder_batches",
-        "first_items",
-        "hit_items",
-        "keys",
-        "kinds",
-        "modalities",
-        "multi_items",
-        "n_rows",
-        "n_tokens",
-        "requests",
-        "rows",
-        "seg_packed_row",
-        "seg_request",
-        "seg_rows",
-        "seg_source",
-        "seg_src_row",
-        "seg_token_row",
-        "tensors",
-    )
-
-    def __init__(self, *, kinds, keys, rows, requests, modalities, tensors, first_items, multi_items,
-                 seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
-                 encoder_batches, hit_items, n_rows, n_tokens, cache_layout=None) -> None:
-        set_ = object.__setattr__
-        for name, value in (
-            ("kinds", kinds), ("keys", keys), ("rows", rows), ("requests", requests),
-            ("modalities", modalities), ("tensors", tensors), ("first_items", first_items),
-            ("seg_source", seg_source), ("seg_src_row", seg_src_row), ("seg_rows", seg_rows),
-            ("seg_packed_row", seg_packed_row), ("seg_token_row", seg_token_row),
-            ("seg_request", seg_request), ("encoder_batches", encoder_batches), ("hit_items", hit_items),
-        ):
-            set_(self, name, tuple(value))
-        set_(self, "multi_items", dict(multi_items))
-        set_(self, "n_rows", n_rows)
-        set_(self, "n_tokens", n_tokens)
-        set_(self, "cache_layout", cache_layout)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("a StepPlan is immutable")
+    kinds: Sequence[SourceKind]
+    keys: Sequence[int | None]
+    rows: Sequence[int]
+    requests: Sequence[int]
+    modalities: Sequence[str]
+    tensors: Sequence[Any]
+    first_items: Sequence[Any]
+    multi_items: dict[int, tuple[tuple, tuple]]
+    seg_source: Sequence[int]
+    seg_src_row: Sequence[int]
+    seg_rows: Sequence[int]
+    seg_packed_row: Sequence[int]
+    seg_token_row: Sequence[int]
+    seg_request: Sequence[int]
+    encoder_batches: Sequence[tuple[str, tuple[int, ...]]]
+    hit_items: Sequence[Any]
+    n_rows: int
+    n_tokens: int
+    cache_layout: tuple | None = None
 
     # -- derived views (for inspection; the step itself reads the columns) --------------
     @property

@@ -107,10 +107,8 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
         kinds = [MISS] * len(keys)
         hit_items = []
     return StepPlan(
-        kinds=kinds, keys=keys, rows=rows, requests=requests, modalities=modalities, tensors=tensors,
-        first_items=first_items, multi_items={},
-        seg_source=seg_source, seg_src_row=seg_src_row, seg_rows=seg_rows, seg_packed_row=seg_packed_row,
-        seg_token_row=seg_token_row, seg_request=seg_request,
-        encoder_batches=batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
-        hit_items=hit_items, n_rows=packed, n_tokens=token_base, cache_layout=layout,
+        kinds, keys, rows, requests, modalities, tensors, first_items, {},
+        seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
+        batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
+        hit_items, packed, token_base, layout,
     )

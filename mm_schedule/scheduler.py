@@ -40,7 +40,7 @@ from .validate import Expected, check_hits, check_outputs, check_precomputed
 DEFAULT_CONTEXT = StepContext()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepReport:
     """What a step did. ``cache_hits`` counts distinct cached embeddings used;
     ``hit_uses`` counts request items served from the cache (an image shared by three
@@ -56,41 +56,47 @@ class StepReport:
     segments: int
 
 
-@dataclass
 class StepResult:
-    plan: StepPlan
-    report: StepReport
-    # Packed rows (embed_chunk) or the updated input_embeds (merge_chunk); None when
-    # the step needs no multimodal row.
-    embedding: Any = None
+    """A step's outcome: its ``plan``, its ``report`` and ``embedding``: the packed rows
+    (``embed_chunk``) or the updated ``input_embeds`` (``merge_chunk``); None when the
+    step needs no multimodal row."""
+
+    __slots__ = ("embedding", "plan")
+
+    def __init__(self, plan: StepPlan, embedding: Any) -> None:
+        self.plan = plan
+        self.embedding = embedding
+
+    @property
+    def report(self) -> StepReport:
+        plan = self.plan
+        items = sum(len(plan.items_of(batch[0])) if batch[0] in plan.multi_items else len(batch)
+                    for _, batch in plan.encoder_batches)
+        return StepReport(
+            encoder_calls=len(plan.encoder_batches), items_encoded=items, cache_hits=plan.kinds.count(HIT),
+            hit_uses=len(plan.hit_items), precomputed=plan.kinds.count(PRECOMPUTED),
+            rows=plan.n_rows, segments=len(plan.seg_source),
+        )
 
 
-def check_sources(plan: StepPlan, expected: Expected, cache: EmbeddingCache | None) -> list[Any]:
+def check_sources(plan: StepPlan, expected: Expected, cache: EmbeddingCache | None) -> Sequence[Any]:
     """The step's source tensors with its hits and precomputed embeddings checked
     (misses are still None)."""
     tensors = check_hits(plan, expected, cache)
     if PRECOMPUTED in plan.kinds:
+        tensors = list(tensors)
         check_precomputed(plan, tensors, expected)
     return tensors
 
 
-def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: list[Any], encoded: Sequence[int]) -> None:
+def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequence[Any],
+                   encoded: Sequence[int]) -> None:
     """Cache the validated encoder outputs, keeping this step's own hits from eviction."""
     if cache is None or not encoded:
         return
     keys = plan.keys
     protect = plan.hit_keys if HIT in plan.kinds else ()
     cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect)
-
-
-def _report(plan: StepPlan, outputs: list) -> StepReport:
-    items = sum(len(plan.items_of(batch[0])) if batch[0] in plan.multi_items else len(batch)
-                for _, batch in plan.encoder_batches)
-    return StepReport(
-        encoder_calls=len(outputs), items_encoded=items, cache_hits=plan.kinds.count(HIT),
-        hit_uses=len(plan.hit_items), precomputed=plan.kinds.count(PRECOMPUTED),
-        rows=plan.n_rows, segments=len(plan.seg_source),
-    )
 
 
 def agree_across_ranks(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected,
@@ -107,16 +113,19 @@ def agree_across_ranks(plan: StepPlan, cache: EmbeddingCache | None, expected: E
 
 
 def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, expected: Expected, *,
-                 move_features: bool = False, ranks: Any = None) -> tuple[list[Any], list]:
+                 move_features: bool = False, ranks: Any = None) -> Sequence[Any]:
     """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
-    cached. Returns ``(tensors by source, raw encoder outputs)``."""
+    cached, indexed by source."""
     if ranks is not None:
         return ranks.prepare_rows(plan, encoders, cache, expected, move_features=move_features)
     tensors = check_sources(plan, expected, cache)
+    if not plan.encoder_batches:
+        return tensors
+    tensors = list(tensors)
     outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
     encoded = check_outputs(plan, outputs, tensors, expected)
     insert_encoded(cache, plan, tensors, encoded)
-    return tensors, outputs
+    return tensors
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
@@ -127,27 +136,34 @@ def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
 def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, context: StepContext, *,
                device: Any = None, out: Any = None, dtype: Any = None, move_features: bool = False) -> StepResult:
     """Phases 3-7 in packed mode for an already planned step."""
-    import torch
-
     hidden = None
     if out is not None:
         device = out.device if device is None else device
         hidden = out.shape[-1] if out.dim() == 2 else None
     expected = Expected(hidden, device)
     plan, ranks = agree_across_ranks(plan, cache, expected, context)
-    tensors, outputs = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
     embedding = None
     if plan.n_rows:
         target = out.dtype if out is not None else dtype
+        dtypes = expected.dtypes
         if target is None:
-            target = next(iter(expected.dtypes)) if len(expected.dtypes) == 1 else _promoted(expected.dtypes)
+            target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
         if out is None:
-            out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+            out = _empty(plan.n_rows, expected.hidden, target, expected.device)
         else:
             _check_out(out, plan.n_rows, expected)
-        embedding = copy_rows(plan, one_dtype(tensors, expected.dtypes, target), packed_table(plan), out, cache)
+        if len(dtypes) > 1:
+            tensors = one_dtype(tensors, target)
+        embedding = copy_rows(plan, tensors, packed_table(plan), out, cache)
     acknowledge_hits(plan, context)
-    return StepResult(plan=plan, report=_report(plan, outputs), embedding=embedding)
+    return StepResult(plan, embedding)
+
+
+def _empty(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
+    import torch
+
+    return torch.empty((rows, hidden), dtype=dtype, device=device)
 
 
 def _promoted(dtypes: set) -> Any:
@@ -252,11 +268,13 @@ def merge_chunk(
     plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
     expected = Expected(flat.shape[1], flat.device)
     plan, ranks = agree_across_ranks(plan, cache, expected, context)
-    tensors, outputs = prepare_rows(plan, encoders, cache, expected, ranks=ranks)
+    tensors = prepare_rows(plan, encoders, cache, expected, ranks=ranks)
     written = None
     if plan.n_rows:
-        copy_rows(plan, one_dtype(tensors, expected.dtypes, flat.dtype), fused_table(plan), flat, cache)
+        if len(expected.dtypes) > 1:
+            tensors = one_dtype(tensors, flat.dtype)
+        copy_rows(plan, tensors, fused_table(plan), flat, cache)
         written = input_embeds
     acknowledge_hits(plan, context)
-    return StepResult(plan=plan, report=_report(plan, outputs), embedding=written)
+    return StepResult(plan, written)
 

@@ -86,6 +86,11 @@ def count_mm_tokens_in_extend(
     return total
 
 
+# Up to this many placeholder ids, torch.isin compares against each one directly; above
+# it, isin sorts through unique (a host sync on GPUs), so a sorted search is used instead.
+_FEW_IDS = 8
+
+
 def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
     """``[N, 1]`` bool: which ``input_ids`` are one of the placeholder ids (no host sync).
 
@@ -98,19 +103,18 @@ def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
     ids = input_ids.reshape(-1)
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise InvalidItemError(f"input_ids must be an integer tensor, got {ids.dtype}")
-    pads = torch.as_tensor(placeholder_tensor).reshape(-1)
+    pads = placeholder_tensor if isinstance(placeholder_tensor, torch.Tensor) else torch.as_tensor(placeholder_tensor)
     if pads.dtype.is_floating_point or pads.dtype.is_complex or pads.dtype == torch.bool:
         raise InvalidItemError(f"placeholder ids must be integers, got {pads.dtype}")
     if pads.device != ids.device:
         pads = pads.to(ids.device, non_blocking=True)
-    common = torch.promote_types(ids.dtype, pads.dtype)
-    ids, pads = ids.to(common), pads.to(common)
-    if pads.numel() <= 4:
-        mask = torch.zeros_like(ids, dtype=torch.bool)
-        for pad in pads:
-            mask |= ids == pad
+    if pads.dtype != ids.dtype:
+        common = torch.promote_types(ids.dtype, pads.dtype)
+        ids, pads = ids.to(common), pads.to(common)
+    if pads.numel() <= _FEW_IDS:
+        mask = torch.isin(ids, pads)  # compares against each id: no sort
     else:
-        pads = pads.sort().values
+        pads = pads.reshape(-1).sort().values
         slot = torch.searchsorted(pads, ids).clamp_(max=pads.numel() - 1)
         mask = pads[slot] == ids
     return mask.unsqueeze(-1)

@@ -70,13 +70,12 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     return t if t.dim() == 2 else t.reshape(-1, hidden)
 
 
-def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> list[Any]:
+def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     """The step's source tensors with hits checked (and moved to the step's device when
-    the cache keeps them elsewhere). A hit that cannot serve the step is evicted and
-    raises ``CachedEmbeddingError``."""
-    tensors = list(plan.tensors)
-    hits = [i for i, kind in enumerate(plan.kinds) if kind is HIT]
-    if not hits:
+    the cache keeps them elsewhere); ``plan.tensors`` itself when nothing had to change.
+    A hit that cannot serve the step is evicted and raises ``CachedEmbeddingError``."""
+    tensors = plan.tensors
+    if HIT not in plan.kinds:
         return tensors
     layout = plan.cache_layout
     if layout is not None:
@@ -84,7 +83,10 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> list[Any]:
         if _fits(hidden, dtype, expected) and (expected.device is None or device == expected.device):
             _learn(expected, hidden, dtype, device)
             return tensors
-    for i in hits:
+    tensors = list(tensors)
+    for i, kind in enumerate(plan.kinds):
+        if kind is not HIT:
+            continue
         t = tensors[i]
         hidden, dtype, device = t.shape[1], t.dtype, t.device
         if not _fits(hidden, dtype, expected) or device.type == "meta":
@@ -92,12 +94,12 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> list[Any]:
                 cache.discard(plan.keys[i])
             want = f"hidden size {expected.hidden}" if expected.hidden is not None else "a floating dtype"
             raise CachedEmbeddingError(
-                f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype},"
-                f" the step needs {want}; the entry was evicted and will be encoded again"
+                f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype}"
+                f" on {device}, the step needs {want}; the entry was evicted and will be encoded again"
             )
         if expected.device is not None and device != expected.device:
             tensors[i] = t.to(expected.device, non_blocking=True)
-        _learn(expected, hidden, dtype, device)
+        _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
 
 

@@ -29,12 +29,6 @@ from .group import RankGroup
 from .shards import assign_shards
 
 
-def replace_plan(plan: StepPlan, **columns: Any) -> StepPlan:
-    fields = {name: getattr(plan, name) for name in StepPlan.__slots__}
-    fields.update(columns)
-    return StepPlan(**fields)
-
-
 def _hash_of(plan: StepPlan, source: int) -> int | None:
     return getattr(plan.first_items[source], "hash", None)
 
@@ -55,7 +49,7 @@ class RankStep:
 
         fault = cause = None
         try:
-            self.tensors = check_sources(plan, expected, cache)
+            self.tensors = list(check_sources(plan, expected, cache))
         except Exception as exc:  # reported to every rank through the agreement
             fault, cause = Fault.from_exception(exc, rank=self.group.rank, request=None, item_hash=None), exc
         cached = [i for i, kind in enumerate(plan.kinds) if kind is HIT or kind is MISS]
@@ -89,8 +83,7 @@ class RankStep:
         if not demoted and tuple(batches) == plan.encoder_batches:
             return plan
         missing = set(self.misses)
-        return replace_plan(
-            plan,
+        return plan._replace(
             kinds=kinds,
             tensors=[None if i in missing else t for i, t in enumerate(plan.tensors)],
             encoder_batches=batches,
@@ -99,14 +92,14 @@ class RankStep:
 
     def prepare_rows(
         self, plan: StepPlan, encoders: Encoders, cache: Any, expected: Expected, *, move_features: bool = False
-    ) -> tuple[list[Any], list]:
-        """Phases 4-6 of the step on this rank; returns ``(tensors by source, raw outputs)``."""
+    ) -> list[Any]:
+        """Phases 4-6 of the step on this rank; returns the tensors by source."""
         from ..scheduler import insert_encoded
 
-        tensors, outputs = self.tensors, []
+        tensors = self.tensors
         fault = cause = None
         for batch in plan.encoder_batches:
-            one = replace_plan(plan, encoder_batches=[batch])
+            one = plan._replace(encoder_batches=(batch,))
             try:
                 produced = encode_misses(one, encoders, device=expected.device, move_features=move_features)
                 check_outputs(one, produced, tensors, expected)
@@ -117,7 +110,6 @@ class RankStep:
                 )
                 cause = exc
                 break
-            outputs.extend(produced)
         if self.misses:
             encoded = [i for _, batch in plan.encoder_batches for i in batch]
             hidden = code = 0
@@ -127,7 +119,7 @@ class RankStep:
             if self.encoder_parallel:
                 self._receive(plan, tensors, expected, hidden, code)
         insert_encoded(cache, plan, tensors, self.misses)
-        return tensors, outputs
+        return tensors
 
     def _receive(self, plan: StepPlan, tensors: list[Any], expected: Expected, hidden: int, code: int) -> None:
         rank = self.group.rank

@@ -88,7 +88,7 @@ def test_planning_touches_no_tensor_and_skips_requests_outside_their_items():
     items = [MMItem(hash=1, offsets=[(10, 19)], feature=Untouchable())]
     cache = EmbeddingCache(1 << 20)
     plan = plan_step([RequestChunk(items=items, prefix=0, extend=10)], cache)
-    assert plan.sources == [] and plan.segments == [] and plan.encoder_batches == ()
+    assert plan.sources == [] and plan.segments == [] and not plan.encoder_batches
     assert cache.stats().misses == 0  # not even a lookup
     enc = CountingEncoder()
     result = embed_chunk([RequestChunk(items=items, prefix=20, extend=5)], enc, cache=cache)
@@ -107,7 +107,7 @@ def test_segment_table_layout():
         (1, 0, 2, 2, 4),
         (0, 0, 4, 4, 6),
     ]
-    assert plan.encoder_batches == (("IMAGE", (0, 1)),)
+    assert list(plan.encoder_batches) == [("IMAGE", (0, 1))]
 
 
 def test_token_budget_splits_encoder_calls():
