@@ -84,7 +84,7 @@ def source_truth(source) -> torch.Tensor:
 
 
 class FaultyEncoder(CountingEncoder):
-    """Raises, or returns a row short, while ``armed``."""
+    """While ``armed``: raises, returns a row short, or returns a wider hidden size."""
 
     def __init__(self, mode: str):
         super().__init__()
@@ -97,6 +97,8 @@ class FaultyEncoder(CountingEncoder):
             return out
         if self.mode == "raise":
             raise RuntimeError("simulated encoder crash")
+        if self.mode == "hidden":
+            return torch.cat([out, out[:, :1]], dim=1)
         return out[:-1]
 
 
@@ -205,6 +207,26 @@ def faults(rank: int, world: int, group, *, parallel: bool, mode: str) -> dict:
     return record
 
 
+def bad_entry(rank: int, world: int, group) -> dict:
+    """Rank 1's cache holds an entry unfit for the step (integer rows under a hit's key);
+    the others hold the right rows. Then the same step again."""
+    cache = EmbeddingCache(10_000 * ROW_BYTES)
+    reqs = fault_step(world)
+    embed_chunk(reqs, CountingEncoder(), cache=cache, context=StepContext(group=group))
+    if rank == 1:
+        cache.insert(7, torch.zeros(3, HIDDEN, dtype=torch.int64))
+    record: dict = {"error": None}
+    try:
+        embed_chunk(reqs, CountingEncoder(), cache=cache, context=StepContext(group=group))
+    except Exception as exc:
+        record["error"] = _error(exc)
+    enc = CountingEncoder()
+    record["after"] = embed_chunk(reqs, enc, cache=cache, context=StepContext(group=group)).embedding
+    record["encoded_after"] = enc.calls
+    record["entry_right"] = torch.equal(cache.lookup(7), truth(7, 3))
+    return record
+
+
 def mismatch(rank: int, world: int, group) -> dict:
     """Rank 1 schedules a different batch than the others; then all schedule the same."""
     ctx = StepContext(group=group)
@@ -287,9 +309,10 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
                 rank, world, group, parallel=parallel, fused=fused, seed=world * 10 + fused,
                 rows_group=rows_group if parallel and fused else None,
             )
-        for mode in ("raise", "short"):
+        for mode in ("raise", "short", "hidden"):
             results[("faults", parallel, mode)] = faults(rank, world, group, parallel=parallel, mode=mode)
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
+    results["bad_entry"] = bad_entry(rank, world, group)
     results["mismatch"] = mismatch(rank, world, group)
     results["absent"] = absent_rank(rank, world, short_timeout_group)
     return results

@@ -146,7 +146,7 @@ def test_caches_hold_only_right_rows(run):
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["every-rank-encodes", "encoder-parallel"])
-@pytest.mark.parametrize("mode", ["raise", "short"])
+@pytest.mark.parametrize("mode", ["raise", "short", "hidden"])
 def test_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel, mode):
     world, scenarios, records = run
     seen = [rec[("faults", parallel, mode)] for rec in records]
@@ -158,8 +158,8 @@ def test_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel, mode)
     assert scenarios.FRESH <= error["item_hash"] < scenarios.FRESH + 10 * world
     assert 0 <= error["request"] < world
     assert f"item hash {error['item_hash']}" in error["message"]
-    cause = "simulated encoder crash" if mode == "raise" else "EmbeddingLengthMismatch"
-    assert cause in error["message"]
+    cause = {"raise": "simulated encoder crash", "short": "EmbeddingLengthMismatch", "hidden": "EncoderOutputError"}
+    assert cause[mode] in error["message"]
     for s in seen:
         assert s["fresh_cached"] == []  # nothing of the failed step was inserted anywhere
         assert s["warm_cached"] == [True, True]
@@ -179,6 +179,21 @@ def test_sglang_compatible_function_takes_the_group_from_the_step_context(run):
     for reqs in batches:
         embed_chunk(reqs, single, cache=cache)
     assert sum(rec["compat"]["encoded"] for rec in records) == single.items_encoded > 0
+
+
+def test_an_unfit_cached_entry_on_one_rank_fails_the_step_everywhere_then_heals(run):
+    world, scenarios, records = run
+    errors = [rec["bad_entry"]["error"] for rec in records]
+    assert all(e is not None and e["type"] == "RankFaultError" for e in errors)
+    assert all(e == errors[0] for e in errors)
+    assert errors[0]["rank"] == 1 and "CachedEmbeddingError" in errors[0]["message"]
+    expected = naive_reference(scenarios.fault_step(world))
+    for rec in records:
+        # Rank 1 evicted the entry, so the next step agrees it is a miss: re-encoded
+        # (by every rank, the default mode) and right on every rank.
+        assert _same(rec["bad_entry"]["after"], expected)
+        assert rec["bad_entry"]["encoded_after"] == [[7]]
+        assert rec["bad_entry"]["entry_right"]
 
 
 def test_ranks_scheduling_different_batches_all_raise(run):
