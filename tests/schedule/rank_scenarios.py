@@ -227,6 +227,23 @@ def bad_entry(rank: int, world: int, group) -> dict:
     return record
 
 
+MANY = 320  # distinct keys in one step: more than the agreement's first round carries
+
+
+def many_keys_step() -> list[RequestChunk]:
+    items = [MMItem(hash=20_000 + i, offsets=[(2 * i, 2 * i)], feature=torch.zeros(1)) for i in range(MANY)]
+    return [RequestChunk(items=items, prefix=0, extend=2 * MANY)]
+
+
+def many_keys(rank: int, world: int, group) -> dict:
+    """Rank r holds every (r + 2)-th key; a key is a hit only where all ranks hold it."""
+    cache = EmbeddingCache(10_000 * ROW_BYTES)
+    for i in range(0, MANY, rank + 2):
+        cache.insert(20_000 + i, truth(20_000 + i, 1))
+    result = embed_chunk(many_keys_step(), CountingEncoder(), cache=cache, context=StepContext(group=group))
+    return {"output": result.embedding, "status": [s.status.value for s in result.plan.sources]}
+
+
 def mismatch(rank: int, world: int, group) -> dict:
     """Rank 1 schedules a different batch than the others; then all schedule the same."""
     ctx = StepContext(group=group)
@@ -313,6 +330,7 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
             results[("faults", parallel, mode)] = faults(rank, world, group, parallel=parallel, mode=mode)
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["bad_entry"] = bad_entry(rank, world, group)
+    results["many_keys"] = many_keys(rank, world, group)
     results["mismatch"] = mismatch(rank, world, group)
     results["absent"] = absent_rank(rank, world, short_timeout_group)
     return results

@@ -196,6 +196,18 @@ def test_an_unfit_cached_entry_on_one_rank_fails_the_step_everywhere_then_heals(
         assert rec["bad_entry"]["entry_right"]
 
 
+def test_steps_with_more_keys_than_the_first_agreement_round(run):
+    world, scenarios, records = run
+    expected_status = [
+        "hit" if all(i % (rank + 2) == 0 for rank in range(world)) else "miss" for i in range(scenarios.MANY)
+    ]
+    assert "hit" in expected_status[252:]  # the second round decides some hits
+    expected = naive_reference(scenarios.many_keys_step())
+    for rec in records:
+        assert rec["many_keys"]["status"] == expected_status
+        assert _same(rec["many_keys"]["output"], expected)
+
+
 def test_ranks_scheduling_different_batches_all_raise(run):
     _world, _scenarios, records = run
     errors = [rec["mismatch"]["error"] for rec in records]
