@@ -32,9 +32,9 @@ _FINGERPRINT_BITS = (1 << 62) - 1  # leaves room to negate within int64
 
 def step_fingerprint(keys: Sequence[int], rows: Sequence[int], settings: Sequence[int]) -> int:
     # hash() of a tuple of ints is the same in every process of one Python build. Only
-    # ints go in: str and bytes hashes are salted per process, and before Python 3.12
-    # hash(None) is an address.
-    return hash((tuple(map(int, keys)), tuple(map(int, rows)), tuple(map(int, settings)))) & _FINGERPRINT_BITS
+    # ints may go in (the planner's keys and rows are ints): str and bytes hashes are
+    # salted per process, and before Python 3.12 hash(None) is an address.
+    return hash((tuple(keys), tuple(rows), tuple(settings))) & _FINGERPRINT_BITS
 
 
 def agree_misses(
@@ -51,7 +51,7 @@ def agree_misses(
     ``settings`` (ints) must be equal on every rank, like the keys and rows."""
     n = len(keys)
     fp = step_fingerprint(keys, rows, (group.size, *settings))
-    first = [int(bool(m)) for m in local_miss[:FIRST_ROUND_KEYS]]
+    first = list(map(int, local_miss[:FIRST_ROUND_KEYS]))
     first += [0] * (FIRST_ROUND_KEYS - len(first))
     out = group.all_reduce_max([fp, -fp, n, -n, int(failed), *first], "agreeing on the step's cache misses")
     if out[4]:
@@ -64,6 +64,6 @@ def agree_misses(
         )
     flags = out[_HEADER : _HEADER + min(n, FIRST_ROUND_KEYS)]
     if n > FIRST_ROUND_KEYS:
-        rest = [int(bool(m)) for m in local_miss[FIRST_ROUND_KEYS:]]
+        rest = list(map(int, local_miss[FIRST_ROUND_KEYS:]))
         flags += group.all_reduce_max(rest, "agreeing on the step's cache misses (keys beyond the first round)")
-    return [bool(f) for f in flags], False
+    return list(map(bool, flags)), False

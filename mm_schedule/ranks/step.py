@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..encode import Encoders, encode_misses
-from ..plan import HIT, MISS, StepPlan, batch_misses
+from ..plan import HIT, MISS, PRECOMPUTED, StepPlan, batch_misses
 from ..validate import Expected, check_outputs, check_tensor
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
@@ -52,11 +52,15 @@ class RankStep:
             self.tensors = list(check_sources(plan, expected, cache))
         except Exception as exc:  # reported to every rank through the agreement
             fault, cause = Fault.from_exception(exc, rank=self.group.rank, request=None, item_hash=None), exc
-        cached = [i for i, kind in enumerate(plan.kinds) if kind is HIT or kind is MISS]
+        if PRECOMPUTED in plan.kinds:  # precomputed embeddings are never cached: nothing to agree on
+            cached = [i for i, kind in enumerate(plan.kinds) if kind is not PRECOMPUTED]
+            keys, rows = [plan.keys[i] for i in cached], [plan.rows[i] for i in cached]
+        else:
+            cached, keys, rows = range(len(plan.kinds)), plan.keys, plan.rows
         flags, someone_failed = agree_misses(
             self.group,
-            [plan.keys[i] for i in cached],
-            [plan.rows[i] for i in cached],
+            keys,
+            rows,
             [plan.kinds[i] is MISS for i in cached],
             settings=(self.encoder_parallel, -1 if self.budget is None else self.budget),
             failed=fault is not None,
@@ -80,7 +84,7 @@ class RankStep:
                 if rank != self.group.rank:
                     mine[i] = HIT
         batches = batch_misses(mine, plan.rows, plan.modalities, plan.multi_items, self.budget)
-        if not demoted and tuple(batches) == plan.encoder_batches:
+        if not demoted and batches == list(plan.encoder_batches):
             return plan
         missing = set(self.misses)
         return plan._replace(
