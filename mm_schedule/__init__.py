@@ -41,7 +41,7 @@ _EXPORTS = {
     "PerImageRequestInfo": "sglang_compat",
     "set_step_context": "sglang_compat",
     "count_mm_tokens_in_extend": "sglang_compat",
-    "placeholder_mask": "sglang_compat",
+    "placeholder_mask": "placeholders",
 }
 # Module state that is rebound at runtime: always read from its module, never cached here.
 _LIVE = frozenset({"embedding_cache"})

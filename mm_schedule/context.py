@@ -25,10 +25,11 @@ def acknowledge_deferred_ipc(items: Sequence[Any], parallel: ParallelContext) ->
     ``tp_size`` consumers, as SGLang's transport expects."""
     if parallel.attn_tp_rank != 0:
         return
+    consumers = max(parallel.tp_size, 1)
     for item in items:
         ack = getattr(item, "acknowledge_deferred_cuda_ipc_feature", None)
         if ack is not None:
-            ack(max(parallel.tp_size, 1))
+            ack(consumers)
 
 
 AckHook = Callable[[Sequence[Any], ParallelContext], None]

@@ -9,6 +9,7 @@ cache*, and the general planner plans the step from scratch, with its error mess
 
 from __future__ import annotations
 
+from .items import KNOWN_MODALITIES as names
 from .items import modality_name
 from .keys import item_key
 from .plan import HIT, MISS, StepPlan, batch_misses
@@ -52,6 +53,7 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
             end = prefix + extend
             prev_end = -1
             k = 0
+            first_segment = len(seg_source)
             for item in items:
                 if item.precomputed_embeddings is not None:
                     return None
@@ -79,7 +81,8 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                     keys.append(h)
                     rows.append(n)
                     requests.append(r)
-                    modalities.append(modality_name(item.modality))
+                    m = item.modality
+                    modalities.append(names[m] if m in names else modality_name(m))
                     first_items.append(item)
                 elif rows[source] != n:
                     return None  # one hash, two lengths: the general planner keeps them apart
@@ -91,9 +94,9 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                 seg_rows.append(n)
                 seg_packed_row.append(packed)
                 seg_token_row.append(row_offset + lo - prefix)
-                seg_request.append(r)
                 seg_item.append(item)
                 packed += n
+            seg_request += [r] * (len(seg_source) - first_segment)
     except (AttributeError, TypeError, ValueError):
         return None  # not the flat shape, or malformed: the general planner says which
 
@@ -101,14 +104,12 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     if cache is not None and keys:
         tensors, layout = cache.lookup_many(keys, rows)
         kinds = [MISS if t is None else HIT for t in tensors]
-        hit_items = [item for source, item in zip(seg_source, seg_item) if tensors[source] is not None]
     else:
         tensors = [None] * len(keys)
         kinds = [MISS] * len(keys)
-        hit_items = []
     return StepPlan(
         kinds, keys, rows, requests, modalities, tensors, first_items, {},
         seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
         batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
-        hit_items, packed, token_base, layout,
+        seg_source, seg_item, packed, token_base, layout, budget,
     )

@@ -129,7 +129,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
-    if plan.hit_items and context.on_cache_hit is not None:
+    if context.on_cache_hit is not None and HIT in plan.kinds:
         context.on_cache_hit(plan.hit_items, context.parallel)
 
 
@@ -266,9 +266,17 @@ def merge_chunk(
     flat = embeddings_2d(input_embeds)
     check_fused_rows([r.extend for r in requests], [r.row_offset for r in requests], flat.shape[0])
     plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    return run_fused(plan, input_embeds, encoders, cache, context)
+
+
+def run_fused(plan: StepPlan, input_embeds: Any, encoders: Encoders, cache: EmbeddingCache | None,
+              context: StepContext, *, move_features: bool = False) -> StepResult:
+    """Phases 3-7 in fused mode for an already planned step (its rows already checked
+    against ``input_embeds`` by ``check_fused_rows``)."""
+    flat = embeddings_2d(input_embeds)
     expected = Expected(flat.shape[1], flat.device)
     plan, ranks = agree_across_ranks(plan, cache, expected, context)
-    tensors = prepare_rows(plan, encoders, cache, expected, ranks=ranks)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
     written = None
     if plan.n_rows:
         if len(expected.dtypes) > 1:
@@ -277,4 +285,3 @@ def merge_chunk(
         written = input_embeds
     acknowledge_hits(plan, context)
     return StepResult(plan, written)
-

@@ -26,7 +26,8 @@ from typing import Any
 
 from .cache import EmbeddingCache
 from .context import StepContext
-from .errors import EmbeddingLengthMismatch, InvalidItemError
+from .errors import EmbeddingLengthMismatch
+from .placeholders import placeholder_mask
 from .planner import plan_columns
 from .scheduler import run_packed
 
@@ -84,40 +85,6 @@ def count_mm_tokens_in_extend(
     for prefix, extend, spans in zip(prefix_length, extend_length, items_offset_list):
         total += _tokens_before(spans, prefix + extend) - _tokens_before(spans, prefix)
     return total
-
-
-# Up to this many placeholder ids, torch.isin compares against each one directly; above
-# it, isin sorts through unique (a host sync on GPUs), so a sorted search is used instead.
-_FEW_IDS = 8
-
-
-def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
-    """``[N, 1]`` bool: which ``input_ids`` are one of the placeholder ids (no host sync).
-
-    Ids are compared in the wider of the two dtypes, so an int64 pad value is never
-    narrowed into a collision with an int32 token id. Many ids (SGLang passes one per
-    item) take a sorted search instead of ``torch.isin``, whose sort through ``unique``
-    waits for the device."""
-    import torch
-
-    ids = input_ids.reshape(-1)
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise InvalidItemError(f"input_ids must be an integer tensor, got {ids.dtype}")
-    pads = placeholder_tensor if isinstance(placeholder_tensor, torch.Tensor) else torch.as_tensor(placeholder_tensor)
-    if pads.dtype.is_floating_point or pads.dtype.is_complex or pads.dtype == torch.bool:
-        raise InvalidItemError(f"placeholder ids must be integers, got {pads.dtype}")
-    if pads.device != ids.device:
-        pads = pads.to(ids.device, non_blocking=True)
-    if pads.dtype != ids.dtype:
-        common = torch.promote_types(ids.dtype, pads.dtype)
-        ids, pads = ids.to(common), pads.to(common)
-    if pads.numel() <= _FEW_IDS:
-        mask = torch.isin(ids, pads)  # compares against each id: no sort
-    else:
-        pads = pads.reshape(-1).sort().values
-        slot = torch.searchsorted(pads, ids).clamp_(max=pads.numel() - 1)
-        mask = pads[slot] == ids
-    return mask.unsqueeze(-1)
 
 
 def get_embedding_and_mask(

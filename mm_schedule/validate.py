@@ -12,6 +12,7 @@ nothing. Cached entries that fail are evicted before the error is raised.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,12 +24,16 @@ from .plan import HIT, PRECOMPUTED, StepPlan
 class Expected:
     """The hidden size, device and source dtypes of a step, learned as sources are checked."""
 
-    __slots__ = ("device", "dtypes", "hidden")
+    __slots__ = ("device", "dtypes", "hidden", "hits_set_hidden")
 
     def __init__(self, hidden: int | None, device: Any) -> None:
         self.hidden = hidden
         self.device = device
         self.dtypes: set = set()
+        # When cached entries fixed the hidden size, an encoder output that disagrees may
+        # be right and the entries stale (a model change): this evicts them before the
+        # error is raised, so a stale cache cannot fail every later step.
+        self.hits_set_hidden: Any = None
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -65,8 +70,14 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     if expected.hidden is None:
         expected.hidden = hidden
     elif hidden != expected.hidden:
-        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}")
+        note = ""
+        if expected.hits_set_hidden is not None:
+            expected.hits_set_hidden()
+            note = " (the hidden size of this step's cached entries, which were evicted)"
+        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
     expected.dtypes.add(t.dtype)
+    if t.requires_grad:
+        t = t.detach()  # inference path: the cache must never keep an autograd graph alive
     return t if t.dim() == 2 else t.reshape(-1, hidden)
 
 
@@ -77,6 +88,8 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     tensors = plan.tensors
     if HIT not in plan.kinds:
         return tensors
+    if expected.hidden is None and cache is not None:
+        expected.hits_set_hidden = lambda: _evict_hits(plan, cache)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
@@ -101,6 +114,12 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
             tensors[i] = t.to(expected.device, non_blocking=True)
         _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
+
+
+def _evict_hits(plan: StepPlan, cache: Any) -> None:
+    for key, kind in zip(plan.keys, plan.kinds):
+        if kind is HIT:
+            cache.discard(key)
 
 
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
@@ -175,6 +194,12 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
             expected=len(item_rows), received=len(output), request=plan.requests[batch[0]],
             what="encoder outputs (one tensor per item)", hint=f"items: {_labels(plan, batch)}",
         )
+    if expected.hidden is None:
+        # Nothing else fixes the hidden size: the outputs' most common one does, so the
+        # odd output is the one named.
+        sizes = Counter(t.shape[-1] for t in output if getattr(t, "ndim", 0) >= 2)
+        if sizes:
+            expected.hidden = sizes.most_common(1)[0][0]
     items = [item for s in batch for item in plan.items_of(s)] if whole else [plan.first_items[s] for s in batch]
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []

@@ -36,10 +36,9 @@ def _hash_of(plan: StepPlan, source: int) -> int | None:
 class RankStep:
     """One step's part in a process group (a new one per step)."""
 
-    def __init__(self, group: RankGroup, *, encoder_parallel: bool, budget: int | None) -> None:
+    def __init__(self, group: RankGroup, *, encoder_parallel: bool) -> None:
         self.group = group
         self.encoder_parallel = encoder_parallel
-        self.budget = budget
         self.tensors: list[Any] = []  # the step's checked source tensors
         self.misses: list[int] = []  # agreed misses, plan order
         self.owners: list[int] = []  # encoding rank of each agreed miss
@@ -62,37 +61,26 @@ class RankStep:
             keys,
             rows,
             [plan.kinds[i] is MISS for i in cached],
-            settings=(self.encoder_parallel, -1 if self.budget is None else self.budget),
+            settings=(self.encoder_parallel, -1 if plan.token_budget is None else plan.token_budget),
             failed=fault is not None,
         )
         if someone_failed:
             raise_agreed_fault(self.group, fault, cause)
-        kinds = list(plan.kinds)
-        demoted: set[int] = set()
-        for i, miss in zip(cached, flags):
-            if miss and kinds[i] is HIT:
-                kinds[i] = MISS
-                self.tensors[i] = None
-                demoted.update(id(item) for item in plan.items_of(i))
         self.misses = [i for i, miss in zip(cached, flags) if miss]
-        mine = kinds
-        if self.encoder_parallel:
-            self.owners = assign_shards([plan.rows[i] for i in self.misses], self.group.size)
-            # Batch only this rank's share: the others' misses are hidden from the rule.
-            mine = list(kinds)
-            for i, rank in zip(self.misses, self.owners):
-                if rank != self.group.rank:
-                    mine[i] = HIT
-        batches = batch_misses(mine, plan.rows, plan.modalities, plan.multi_items, self.budget)
-        if not demoted and batches == list(plan.encoder_batches):
-            return plan
-        missing = set(self.misses)
-        return plan._replace(
-            kinds=kinds,
-            tensors=[None if i in missing else t for i, t in enumerate(plan.tensors)],
-            encoder_batches=batches,
-            hit_items=[item for item in plan.hit_items if id(item) not in demoted],
-        )
+        demoted = [i for i, miss in zip(cached, flags) if miss and plan.kinds[i] is HIT]
+        for i in demoted:
+            self.tensors[i] = None
+        agreed = plan.with_misses(demoted) if demoted else plan
+        if not self.encoder_parallel:
+            return agreed
+        self.owners = assign_shards([plan.rows[i] for i in self.misses], self.group.size)
+        # This rank's encoder calls: the planner's rule over its own share only.
+        mine = list(agreed.kinds)
+        for i, rank in zip(self.misses, self.owners):
+            if rank != self.group.rank:
+                mine[i] = HIT
+        batches = batch_misses(mine, plan.rows, plan.modalities, plan.multi_items, plan.token_budget)
+        return agreed._replace(encoder_batches=batches)
 
     def prepare_rows(
         self, plan: StepPlan, encoders: Encoders, cache: Any, expected: Expected, *, move_features: bool = False
@@ -169,6 +157,4 @@ def rank_step(context: Any) -> RankStep | None:
     group = RankGroup(context.group, context.rows_group)
     if group.size == 1:
         return None
-    return RankStep(
-        group, encoder_parallel=context.encoder_parallel, budget=context.max_tokens_per_encoder_call
-    )
+    return RankStep(group, encoder_parallel=context.encoder_parallel)
