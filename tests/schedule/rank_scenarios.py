@@ -344,11 +344,14 @@ def run_rank(rank: int, world: int, rendezvous: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
-    short = timedelta(seconds=TIMEOUT_S)
     # Every process creates every group, in the same order, as torch.distributed requires.
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-    short_pairs = [dist.new_group([0, 1], timeout=short), dist.new_group([2, 3], timeout=short)]
-    short_world = dist.new_group(list(range(world)), timeout=short)
+    short_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    short_world = dist.new_group(list(range(world)))
+    # Short timeouts only once the groups are connected: a process scheduled late on a
+    # busy machine would otherwise fail to connect in time.
+    for group in (short_pairs[rank // 2], short_world):
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=TIMEOUT_S), group)
     # Second groups over the same ranks, for the rows of encoder-parallel steps.
     rows_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     rows_world = dist.new_group(list(range(world)))
