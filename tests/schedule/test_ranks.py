@@ -20,6 +20,8 @@ import torch
 import torch.multiprocessing as mp
 
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk, embed_chunk
+from mm_schedule.errors import RankCommunicationError, RankTimeoutError
+from mm_schedule.ranks.group import RankGroup
 from mm_schedule.ranks.shards import assign_shards, shares
 
 from .helpers import HIDDEN, CountingEncoder, naive_reference
@@ -249,3 +251,28 @@ def test_shards_are_balanced_by_tokens_and_deterministic():
     assert assign_shards([3, 3], 4) == [0, 1]
     with pytest.raises(ValueError):
         assign_shards([1], 0)
+
+
+@pytest.mark.parametrize(
+    ("backend_text", "expected"),
+    [
+        ("[unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete", RankTimeoutError),
+        ("Application timeout caused pair closure", RankTimeoutError),
+        ("[pair.cc:553] Connection closed by peer [127.0.0.1]:4242", RankCommunicationError),
+    ],
+)
+def test_backend_failures_become_typed_errors(backend_text, expected):
+    group = object.__new__(RankGroup)  # only the error translation, no process group
+    group.rank, group.size = 1, 4
+
+    def collective():
+        raise RuntimeError(backend_text)
+
+    with pytest.raises(expected) as info:
+        group._run("agreeing on the step's cache misses", collective)
+    assert isinstance(info.value, RankCommunicationError)
+    assert (expected is RankTimeoutError) == isinstance(info.value, TimeoutError)
+    assert "rank 1 of 4: agreeing on the step's cache misses" in str(info.value)
+    assert backend_text in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+
