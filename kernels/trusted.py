@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import torch
+
 from .backend import interpreter_enabled, requested_backend, triton_available
 
 
@@ -65,8 +67,6 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
     into views of ``dst`` (the fused layout, rows between placeholders left alone).
     Whole sources are passed as they are; only partial ones are sliced."""
-    import torch
-
     views = []
     append = views.append
     first = expected = segments[0][3]

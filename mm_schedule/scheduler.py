@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+import torch
+
 from .assemble import copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
@@ -161,14 +163,10 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
 
 
 def _empty(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
-    import torch
-
     return torch.empty((rows, hidden), dtype=dtype, device=device)
 
 
 def _promoted(dtypes: set) -> Any:
-    import torch
-
     result = None
     for d in dtypes:
         result = d if result is None else torch.promote_types(result, d)

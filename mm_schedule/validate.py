@@ -4,7 +4,7 @@ What a step needs from every source: a floating tensor of rank >= 2 whose rows (
 dims but the last) are the item's placeholder count, whose last dim is the step's
 hidden size, on the step's device, not a meta tensor. The hidden size comes from
 ``input_embeds`` in fused mode and otherwise from the step's other sources (hits,
-precomputed embeddings, the first encoder output); the device from ``input_embeds``,
+precomputed embeddings, the encoder outputs' most common size); the device from ``input_embeds``,
 the caller's ``device``, or else the first source. Encoder outputs that fail raise a
 typed error naming the request and the item hash; a step that raises has inserted
 nothing. Cached entries that fail are evicted before the error is raised.
@@ -16,6 +16,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from .cache import owns_storage
 from .encode import Encoder
 from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
 from .plan import HIT, PRECOMPUTED, StepPlan
@@ -40,18 +43,16 @@ def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
     parts = []
     for s in sources[:8]:
         for item in plan.items_of(s):
-            parts.append(f"request {plan.requests[s]} item hash {_hash_of(item, plan.requests[s])}")
+            parts.append(f"request {plan.requests[s]} item hash {_hash_of(item)}")
     return ", ".join(parts[:8]) + (" ..." if len(parts) > 8 or len(sources) > 8 else "")
 
 
-def _hash_of(item: Any, request: int) -> Any:
+def _hash_of(item: Any) -> Any:
     return getattr(item, "hash", None)
 
 
 def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     """``t`` as a 2-D ``[rows, H]`` tensor if it is what the step needs, else ``EncoderOutputError``."""
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise EncoderOutputError(f"{where}: {what} is a {type(t).__name__}; expected a tensor")
     if not t.is_floating_point():
@@ -149,7 +150,7 @@ def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) ->
         if flat.shape[0] != plan.rows[i]:
             raise EmbeddingLengthMismatch(
                 expected=plan.rows[i], received=flat.shape[0], request=plan.requests[i],
-                item_hash=_hash_of(plan.first_items[i], plan.requests[i]), what="precomputed embedding rows",
+                item_hash=_hash_of(plan.first_items[i]), what="precomputed embedding rows",
             )
         tensors[i] = flat if flat.is_contiguous() else flat.contiguous()
 
@@ -158,8 +159,6 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                   expected: Expected) -> list[int]:
     """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
     Returns the sources that were encoded. Raises before the caller inserts anything."""
-    import torch
-
     encoded = []
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
@@ -177,15 +176,11 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         for s, piece in zip(batch, pieces):
-            if encoder.copy_outputs and _owns(piece):
+            if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
         encoded.extend(batch)
     return encoded
-
-
-def _owns(t: Any) -> bool:
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
@@ -204,7 +199,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []
     for t, rows, item, request in zip(output, item_rows, items, requests):
-        item_hash = _hash_of(item, request)
+        item_hash = _hash_of(item)
         flat = check_tensor(t, expected, f"request {request}, item hash {item_hash}", "the encoder output")
         if flat.shape[0] != rows:
             raise EmbeddingLengthMismatch(
@@ -218,7 +213,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
 def _check_combined(plan, batch, whole, output, item_rows, expected) -> list[Any]:
     one = len(item_rows) == 1
     request = plan.requests[batch[0]]
-    item_hash = _hash_of(plan.first_items[batch[0]], request) if one else None
+    item_hash = _hash_of(plan.first_items[batch[0]]) if one else None
     where = f"request {request}, item hash {item_hash}" if one else _labels(plan, batch)
     flat = check_tensor(output, expected, where, "the encoder output")
     total = sum(item_rows)

@@ -30,11 +30,15 @@ from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, Kernel
 from .conftest import BACKENDS
 from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
 
+# Every test that runs a step runs it on both assembly backends.
+STEP = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+
 # -- item hashes ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bad", [1.2, 1.7, True, None, object(), [1]])
-def test_unsupported_hashes_are_refused(bad):
+@STEP
+def test_unsupported_hashes_are_refused(backend, bad):
     req = RequestChunk(items=[MMItem(hash=bad, offsets=[(0, 2)], feature=torch.zeros(1))], prefix=0, extend=3)
     with pytest.raises(InvalidItemError, match="request 0"):
         embed_chunk([req], CountingEncoder())
@@ -65,7 +69,8 @@ def test_bytes_and_str_hashes_are_stable_across_processes():
     assert a == b == item_key(b"pixels", 0) != item_key(b"pixels!", 0)
 
 
-def test_str_hashed_items_hit_the_cache():
+@STEP
+def test_str_hashed_items_hit_the_cache(backend):
     cache = EmbeddingCache(1 << 20)
     enc = CountingEncoder(as_list=True)
 
@@ -80,7 +85,7 @@ def test_str_hashed_items_hit_the_cache():
 # -- iterables ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@STEP
 def test_generators_lose_no_rows(backend):
     def reqs():
         yield RequestChunk(items=(image(h, 4 * i, 3) for i, h in enumerate((1, 2))), prefix=0, extend=9)
@@ -94,7 +99,8 @@ def test_generators_lose_no_rows(backend):
     assert torch.equal(embeds[[0, 1, 2, 4, 5, 6, 10, 11]], want)
 
 
-def test_compat_takes_items_as_a_generator():
+@STEP
+def test_compat_takes_items_as_a_generator(backend):
     mm_schedule.init_mm_embedding_cache(1 << 20)
     items = [MMItem(hash=40 + i, offsets=[(2 * i, 2 * i + 1)], feature=torch.zeros(1), pad_value=9) for i in range(2)]
     ids = torch.full((4,), 9)
@@ -115,13 +121,15 @@ def test_compat_takes_items_as_a_generator():
         ("3-9", r"request 0, item hash 5: offsets must be a list"),
     ],
 )
-def test_offset_shape_mistakes_name_request_and_item(offsets, message):
+@STEP
+def test_offset_shape_mistakes_name_request_and_item(backend, offsets, message):
     req = RequestChunk(items=[MMItem(hash=5, offsets=offsets, feature=torch.zeros(1))], prefix=0, extend=12)
     with pytest.raises(InvalidItemError, match=message):
         embed_chunk([req], CountingEncoder())
 
 
-def test_requests_must_be_request_chunks():
+@STEP
+def test_requests_must_be_request_chunks(backend):
     with pytest.raises(InvalidItemError, match="request 1: expected a RequestChunk, got dict"):
         embed_chunk([RequestChunk(items=[], prefix=0, extend=1), {"items": []}], CountingEncoder())
     with pytest.raises(InvalidItemError, match="iterable of RequestChunk"):
@@ -131,7 +139,8 @@ def test_requests_must_be_request_chunks():
 # -- fused layout -----------------------------------------------------------------------------
 
 
-def test_fused_requests_must_cover_input_embeds():
+@STEP
+def test_fused_requests_must_cover_input_embeds(backend):
     """A text-only request left out of the list would have its rows overwritten."""
     reqs = [RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=4)]
     embeds = torch.full((10, HIDDEN), float("nan"))
@@ -144,14 +153,15 @@ def test_fused_requests_must_cover_input_embeds():
     ("rows", "message"),
     [([0, 2], "requests 0 and 1 claim the same rows"), ([0, 8], r"request 1: rows \[8, 12\) lie outside")],
 )
-def test_fused_explicit_row_offsets_are_checked(rows, message):
+@STEP
+def test_fused_explicit_row_offsets_are_checked(backend, rows, message):
     reqs = [RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=4, row_offset=rows[0]),
             RequestChunk(items=[image(2, 0, 3)], prefix=0, extend=4, row_offset=rows[1])]
     with pytest.raises(InvalidItemError, match=message):
         merge_chunk(torch.zeros(10, HIDDEN), reqs, CountingEncoder())
 
 
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@STEP
 def test_batched_input_embeds_is_written_in_place(backend):
     reqs = [RequestChunk(items=[image(1, 1, 3)], prefix=0, extend=6)]
     embeds = torch.full((1, 6, HIDDEN), float("nan"))
@@ -165,7 +175,7 @@ def test_batched_input_embeds_is_written_in_place(backend):
 # -- results and reports --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@STEP
 def test_no_rows_means_embedding_is_none(backend):
     reqs = [RequestChunk(items=[image(1, 10, 3)], prefix=0, extend=5)]
     assert embed_chunk(reqs, CountingEncoder()).embedding is None
@@ -173,7 +183,8 @@ def test_no_rows_means_embedding_is_none(backend):
     assert merge_chunk(embeds, reqs, CountingEncoder()).embedding is None
 
 
-def test_cache_hits_count_embeddings_and_hit_uses_count_requests():
+@STEP
+def test_cache_hits_count_embeddings_and_hit_uses_count_requests(backend):
     cache = EmbeddingCache(1 << 20)
     reqs = [RequestChunk(items=[image(7, 0, 2)], prefix=0, extend=2) for _ in range(3)]
     first = embed_chunk(reqs, CountingEncoder(), cache=cache).report
@@ -185,19 +196,22 @@ def test_cache_hits_count_embeddings_and_hit_uses_count_requests():
 # -- SGLang-compatible API --------------------------------------------------------------------
 
 
-def _compat_step(ids, pads=(9,)):
+def _compat_step(ids, pads=(9,), encoder=None):
     items = [MMItem(hash=60, offsets=[(1, 3)], feature=torch.zeros(1), pad_value=pads[0])]
-    return get_embedding_and_mask(CountingEncoder(), items, torch.tensor(pads), ids, [0, 1], [0], [5],
+    return get_embedding_and_mask(encoder or CountingEncoder(), items, torch.tensor(pads), ids, [0, 1], [0], [5],
                                   [[(1, 3)]])
 
 
-def test_compat_placeholder_count_must_match_rows():
+@STEP
+def test_compat_placeholder_count_must_match_rows(backend):
+    """Checked before the encoder runs: nothing is encoded or cached for such a step."""
     mm_schedule.init_mm_embedding_cache(1 << 20)
-    ok = torch.tensor([0, 9, 9, 9, 0])
-    emb, mask, _ = _compat_step(ok)
-    assert emb.shape[0] == int(mask.sum()) == 3
+    enc = CountingEncoder()
     with pytest.raises(EmbeddingLengthMismatch, match="expected 4, got 3"):
-        _compat_step(torch.tensor([9, 9, 9, 9, 0]))
+        _compat_step(torch.tensor([9, 9, 9, 9, 0]), encoder=enc)
+    assert enc.calls == [] and len(mm_schedule.embedding_cache) == 0
+    emb, mask, _ = _compat_step(torch.tensor([0, 9, 9, 9, 0]), encoder=enc)
+    assert emb.shape[0] == int(mask.sum()) == 3 and enc.calls == [[60]]
 
 
 def test_int64_placeholder_ids_are_never_narrowed():
@@ -218,7 +232,8 @@ def test_placeholder_table_with_shared_low_bits(n_ids):
     assert torch.equal(placeholder_mask(ids, pads).squeeze(1), torch.isin(ids, pads))
 
 
-def test_compat_warns_once_without_a_cache(monkeypatch):
+@STEP
+def test_compat_warns_once_without_a_cache(backend, monkeypatch):
     from mm_schedule import sglang_compat
 
     monkeypatch.setattr(sglang_compat, "embedding_cache", None)
@@ -242,7 +257,8 @@ class AckItem(MMItem):
         self.acks.append(consumer_count)
 
 
-def test_hits_are_acknowledged_once_per_successful_step():
+@STEP
+def test_hits_are_acknowledged_once_per_successful_step(backend):
     cache = EmbeddingCache(1 << 20)
     hit = AckItem(hash=70, offsets=[(0, 1)], feature=torch.zeros(1))
     embed_chunk([RequestChunk(items=[hit], prefix=0, extend=2)], CountingEncoder(), cache=cache)
@@ -260,7 +276,8 @@ def test_hits_are_acknowledged_once_per_successful_step():
     assert hit.acks == [1]
 
 
-def test_copy_outputs_protects_the_cache_from_a_reused_buffer():
+@STEP
+def test_copy_outputs_protects_the_cache_from_a_reused_buffer(backend):
     buffer = torch.zeros(3, HIDDEN)
 
     def reusing(items):
@@ -276,7 +293,8 @@ def test_copy_outputs_protects_the_cache_from_a_reused_buffer():
         assert torch.equal(cache.lookup(80), truth(80, 3)) is survives
 
 
-def test_step_context_without_ack_hook():
+@STEP
+def test_step_context_without_ack_hook(backend):
     cache = EmbeddingCache(1 << 20)
     item = AckItem(hash=90, offsets=[(0, 1)], feature=torch.zeros(1))
     ctx = StepContext(on_cache_hit=None)
