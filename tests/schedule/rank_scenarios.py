@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -244,6 +245,23 @@ def many_keys(rank: int, world: int, group) -> dict:
     return {"output": result.embedding, "status": [s.status.value for s in result.plan.sources]}
 
 
+def precomputed_step() -> list[RequestChunk]:
+    return [
+        RequestChunk(
+            items=[MMItem(hash=h, offsets=[(4 * j, 4 * j + 2)], precomputed_embeddings=truth(h, 3)) for j, h in enumerate(hashes)],
+            prefix=0,
+            extend=12,
+        )
+        for hashes in ((31, 32), (33,))
+    ]
+
+
+def precomputed(rank: int, world: int, group) -> Any:
+    """Precomputed embeddings are never cached or encoded: nothing to agree on but the step."""
+    ctx = StepContext(group=group, encoder_parallel=True)
+    return embed_chunk(precomputed_step(), CountingEncoder(), cache=EmbeddingCache(1 << 20), context=ctx).embedding
+
+
 def mismatch(rank: int, world: int, group) -> dict:
     """Rank 1 schedules a different batch than the others; then all schedule the same."""
     ctx = StepContext(group=group)
@@ -331,6 +349,7 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["bad_entry"] = bad_entry(rank, world, group)
     results["many_keys"] = many_keys(rank, world, group)
+    results["precomputed"] = precomputed(rank, world, group)
     results["mismatch"] = mismatch(rank, world, group)
     results["absent"] = absent_rank(rank, world, short_timeout_group)
     return results

@@ -212,6 +212,12 @@ def test_steps_with_more_keys_than_the_first_agreement_round(run):
         assert _same(rec["many_keys"]["output"], expected)
 
 
+def test_precomputed_embeddings_across_ranks(run):
+    _world, scenarios, records = run
+    expected = naive_reference(scenarios.precomputed_step())
+    assert all(_same(rec["precomputed"], expected) for rec in records)
+
+
 def test_ranks_scheduling_different_batches_all_raise(run):
     _world, _scenarios, records = run
     errors = [rec["mismatch"]["error"] for rec in records]
