@@ -1,7 +1,7 @@
 """Agreeing on a step's outcome, so that a fault on one rank is a fault on all.
 
 After encoding (whether it worked or raised), every rank joins one small all-gather of
-``(failed, hidden, dtype code)``; checking the step's cache hits, before the ranks
+``(failed, hidden and dtype code per modality)``; checking the step's cache hits, before the ranks
 agree on misses, reports its failures through the agreement vector instead. If any
 rank failed, the ranks gather the failed ranks' descriptions (this second collective
 runs only on that path) and all raise the same ``RankFaultError``, naming the first
@@ -12,6 +12,7 @@ step starts from the caches as they were.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import RankFaultError
@@ -66,25 +67,32 @@ def raise_agreed_fault(group: RankGroup, fault: Fault | None, cause: BaseExcepti
 def settle(
     group: RankGroup,
     fault: Fault | None,
+    shapes: Sequence[tuple[int, int]],
     *,
-    hidden: int = 0,
-    dtype_code: int = 0,
+    labels: Sequence[str] = (),
     cause: BaseException | None = None,
-) -> tuple[int, int]:
-    """Every rank calls this once per step with misses, failed or not. Returns the
-    agreed ``(hidden, dtype code)`` of the encoder outputs (``(0, 0)`` when no rank
-    produced any); raises ``RankFaultError`` on every rank if any rank failed or the
-    ranks' outputs disagree in shape or dtype."""
+) -> list[tuple[int, int]]:
+    """Every rank calls this once per step with misses, failed or not.
+
+    ``shapes[k]`` is this rank's ``(hidden, dtype code)`` for output kind ``k`` (the
+    step's modalities, named by ``labels``), ``(0, 0)`` where it produced none; every
+    rank passes the same number. Returns the agreed shape per kind; raises
+    ``RankFaultError`` on every rank if any rank failed or the ranks' outputs of one
+    kind disagree in hidden size or dtype."""
     rows = group.all_gather_ints(
-        [int(fault is not None), hidden, dtype_code], "agreeing on the step's encoder status"
+        [int(fault is not None), *(v for shape in shapes for v in shape)], "agreeing on the step's encoder status"
     )
     if any(row[0] for row in rows):
         raise_agreed_fault(group, fault, cause)
-    shapes = [(rank, (row[1], row[2])) for rank, row in enumerate(rows) if row[1]]
-    odd = [rank for rank, shape in shapes if shape != shapes[0][1]]
-    if odd:
-        per_rank = ", ".join(f"rank {r}: hidden {h}, dtype code {c}" for r, (h, c) in shapes)
-        raise RankFaultError(
-            f"encoder outputs disagree across ranks ({per_rank})", rank=odd[0], request=None, item_hash=None
-        )
-    return shapes[0][1] if shapes else (0, 0)
+    agreed = []
+    for k in range(len(shapes)):
+        produced = [(rank, (row[1 + 2 * k], row[2 + 2 * k])) for rank, row in enumerate(rows) if row[1 + 2 * k]]
+        odd = [rank for rank, shape in produced if shape != produced[0][1]]
+        if odd:
+            per_rank = ", ".join(f"rank {r}: hidden {h}, dtype code {c}" for r, (h, c) in produced)
+            what = f"{labels[k]} " if k < len(labels) else ""
+            raise RankFaultError(
+                f"{what}encoder outputs disagree across ranks ({per_rank})", rank=odd[0], request=None, item_hash=None
+            )
+        agreed.append(produced[0][1] if produced else (0, 0))
+    return agreed

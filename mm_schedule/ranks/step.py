@@ -103,51 +103,59 @@ class RankStep:
                 cause = exc
                 break
         if self.misses:
+            # Outputs are agreed on, and exchanged, per modality: each modality's encoder
+            # has one hidden size and dtype, which may differ from another's.
+            modalities = sorted({plan.modalities[i] for i in self.misses})
             encoded = [i for _, batch in plan.encoder_batches for i in batch]
-            hidden = code = 0
-            if fault is None and encoded:
-                fault, hidden, code = self._output_shape(plan, tensors, encoded)
-            hidden, code = settle(self.group, fault, hidden=hidden, dtype_code=code, cause=cause)
+            shapes = [(0, 0)] * len(modalities)
+            if fault is None:
+                fault, shapes = self._output_shapes(plan, tensors, encoded, modalities)
+            shapes = settle(self.group, fault, shapes, labels=modalities, cause=cause)
             if self.encoder_parallel:
-                self._receive(plan, tensors, expected, hidden, code)
+                for modality, (hidden, code) in zip(modalities, shapes):
+                    self._receive(plan, tensors, expected, modality, hidden, code)
         insert_encoded(cache, plan, tensors, self.misses)
         return tensors
 
-    def _receive(self, plan: StepPlan, tensors: list[Any], expected: Expected, hidden: int, code: int) -> None:
+    def _receive(
+        self, plan: StepPlan, tensors: list[Any], expected: Expected, modality: str, hidden: int, code: int
+    ) -> None:
+        """Every rank's rows of ``modality``'s misses, into ``tensors``."""
         rank = self.group.rank
-        rows = [plan.rows[i] for i in self.misses]
-        mine = {j: tensors[i] for j, i in enumerate(self.misses) if self.owners[j] == rank}
+        units = [(i, owner) for i, owner in zip(self.misses, self.owners) if plan.modalities[i] == modality]
+        owners = [owner for _, owner in units]
+        rows = [plan.rows[i] for i, _ in units]
+        mine = {j: tensors[i] for j, (i, owner) in enumerate(units) if owner == rank}
         device = expected.device if expected.device is not None else self.group.device
-        received = exchange_rows(
-            self.group, self.owners, rows, mine, hidden=hidden, dtype=dtype_of(code), device=device
-        )
-        for j, (i, t) in enumerate(zip(self.misses, received)):
-            if self.owners[j] != rank:
+        received = exchange_rows(self.group, owners, rows, mine, hidden=hidden, dtype=dtype_of(code), device=device)
+        for (i, owner), t in zip(units, received):
+            if owner != rank:
                 where = f"request {plan.requests[i]}, item hash {_hash_of(plan, i)}"
-                tensors[i] = check_tensor(t, expected, where, f"the rows received from rank {self.owners[j]}")
+                tensors[i] = check_tensor(t, expected, where, f"the rows received from rank {owner}")
 
-    def _output_shape(self, plan: StepPlan, tensors: list[Any], encoded: Sequence[int]) -> tuple[Fault | None, int, int]:
-        """``(fault, hidden, dtype code)`` of this rank's outputs. Rows are exchanged in
-        one buffer, so in parallel mode they must share one hidden size and dtype."""
-        first = tensors[encoded[0]]
-        hidden, dtype = first.shape[-1], first.dtype
-        code = DTYPE_CODES.get(dtype, 0)
-        if not self.encoder_parallel:
-            return None, hidden, code
+    def _output_shapes(
+        self, plan: StepPlan, tensors: list[Any], encoded: Sequence[int], modalities: Sequence[str]
+    ) -> tuple[Fault | None, list[tuple[int, int]]]:
+        """``(fault, (hidden, dtype code) per modality)`` of this rank's outputs. The rows
+        of one modality are exchanged in one buffer, so in parallel mode they must share
+        one hidden size and a dtype the exchange knows."""
+        shapes: dict[str, tuple[int, int, Any]] = {}
         for i in encoded:
             t = tensors[i]
-            if t.shape[-1] != hidden or t.dtype != dtype or code == 0:
+            hidden, dtype = t.shape[-1], t.dtype
+            first = shapes.setdefault(plan.modalities[i], (hidden, DTYPE_CODES.get(dtype, 0), dtype))
+            if self.encoder_parallel and (first[:2] != (hidden, DTYPE_CODES.get(dtype, 0)) or first[1] == 0):
                 fault = Fault(
                     rank=self.group.rank, request=plan.requests[i], item_hash=_hash_of(plan, i),
                     error="EncoderOutputError",
                     message=(
-                        "encoder-parallel steps exchange rows of one floating dtype "
-                        f"({', '.join(str(d) for d in DTYPE_CODES)}) and one hidden size; got "
-                        f"{tuple(t.shape)} {t.dtype} beside {tuple(first.shape)} {dtype}"
+                        f"encoder-parallel steps exchange the rows of one modality ({plan.modalities[i]}) in one"
+                        f" floating dtype ({', '.join(str(d) for d in DTYPE_CODES)}) and one hidden size; got"
+                        f" hidden {hidden} {dtype} beside hidden {first[0]} {first[2]}"
                     ),
                 )
-                return fault, 0, 0
-        return None, hidden, code
+                return fault, [(0, 0)] * len(modalities)
+        return None, [shapes.get(m, (0, 0, None))[:2] for m in modalities]
 
 
 def rank_step(context: Any) -> RankStep | None:

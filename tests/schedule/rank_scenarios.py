@@ -245,6 +245,35 @@ def many_keys(rank: int, world: int, group) -> dict:
     return {"output": result.embedding, "status": [s.status.value for s in result.plan.sources]}
 
 
+class Float64Encoder(CountingEncoder):
+    def __call__(self, items):
+        return super().__call__(items).double()
+
+
+def mixed_step(world: int) -> list[RequestChunk]:
+    """Images and audio clips in each request, fresh every time: every rank owns some."""
+    return [
+        RequestChunk(
+            items=[
+                MMItem(modality=modality, hash=40_000 + 10 * r + j, offsets=[(5 * j, 5 * j + 1 + j % 3)], feature=torch.zeros(1))
+                for j, modality in enumerate(["IMAGE", "AUDIO", "IMAGE", "AUDIO"])
+            ],
+            prefix=0,
+            extend=20,
+        )
+        for r in range(world)
+    ]
+
+
+def mixed_dtypes(rank: int, world: int, group) -> Any:
+    """A fused step whose image encoder returns float32 and audio encoder float64."""
+    reqs = mixed_step(world)
+    embeds = torch.full((sum(r.extend for r in reqs), HIDDEN), float("nan"))
+    encoders = {"IMAGE": CountingEncoder(), "AUDIO": Float64Encoder()}
+    merge_chunk(embeds, reqs, encoders, cache=EmbeddingCache(1 << 20), context=StepContext(group=group, encoder_parallel=True))
+    return embeds
+
+
 def precomputed_step() -> list[RequestChunk]:
     return [
         RequestChunk(
@@ -350,6 +379,7 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
     results["bad_entry"] = bad_entry(rank, world, group)
     results["many_keys"] = many_keys(rank, world, group)
     results["precomputed"] = precomputed(rank, world, group)
+    results["mixed_dtypes"] = mixed_dtypes(rank, world, group)
     results["mismatch"] = mismatch(rank, world, group)
     results["absent"] = absent_rank(rank, world, short_timeout_group)
     return results

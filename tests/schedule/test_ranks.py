@@ -218,6 +218,12 @@ def test_precomputed_embeddings_across_ranks(run):
     assert all(_same(rec["precomputed"], expected) for rec in records)
 
 
+def test_encoder_parallel_step_with_a_dtype_per_modality(run):
+    world, scenarios, records = run
+    expected = _fused_reference(scenarios.mixed_step(world))
+    assert all(_same(rec["mixed_dtypes"], expected) for rec in records)
+
+
 def test_ranks_scheduling_different_batches_all_raise(run):
     _world, _scenarios, records = run
     errors = [rec["mismatch"]["error"] for rec in records]
