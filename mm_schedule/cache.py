@@ -154,6 +154,13 @@ class EmbeddingCache:
                 return True
             return False
 
+    def discard_many(self, keys: Iterable[int]) -> None:
+        """``discard`` for every key, under one lock."""
+        with self._lock:
+            for key in keys:
+                if self._pop(key):
+                    self._discarded += 1
+
     # -- single-key API -------------------------------------------------------------------
     def lookup(self, key: int) -> Any | None:
         """The 2-D tensor cached under ``key`` (refreshing its recency), or None. Counts a hit or miss."""

@@ -90,7 +90,7 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     if HIT not in plan.kinds:
         return tensors
     if expected.hidden is None and cache is not None:
-        expected.hits_set_hidden = lambda: _evict_hits(plan, cache)
+        expected.hits_set_hidden = lambda: cache.discard_many(plan.hit_keys)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
@@ -115,12 +115,6 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
             tensors[i] = t.to(expected.device, non_blocking=True)
         _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
-
-
-def _evict_hits(plan: StepPlan, cache: Any) -> None:
-    for key, kind in zip(plan.keys, plan.kinds):
-        if kind is HIT:
-            cache.discard(key)
 
 
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
