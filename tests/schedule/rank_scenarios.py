@@ -1,9 +1,10 @@
 """What each rank of a multi-process test runs (imported by spawned processes, so it
 lives in a plain module, not in a test file).
 
-One process group per spawn runs several scenarios in turn; each rank records what
-it saw (outputs, statuses, what it encoded, what its cache held, errors) and the test
-process, which owns the single-process reference, checks the records.
+One spawn of four processes runs every scenario in two 2-rank groups and then in the
+4-rank group (see ``run_rank``); each rank records what it saw (outputs, statuses,
+what it encoded, what its cache held, errors) and the test process, which owns the
+single-process reference, checks the records.
 """
 
 from __future__ import annotations

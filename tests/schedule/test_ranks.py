@@ -1,8 +1,8 @@
 """Ranks of a process group (spawned processes, gloo on CPU) scheduling the same steps.
 
-One spawn per group size runs every scenario of ``rank_scenarios`` (process start-up
-dominates the cost); the tests below check the records against the single-process
-reference computed here.
+One spawn of four processes runs every scenario of ``rank_scenarios`` in two 2-rank
+groups and the 4-rank group (process start-up dominates the cost); the tests below
+check the records against the single-process reference computed here.
 """
 
 from __future__ import annotations
