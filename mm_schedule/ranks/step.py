@@ -50,7 +50,18 @@ class RankStep:
         try:
             self.tensors = list(check_sources(plan, expected, cache))
         except Exception as exc:  # reported to every rank through the agreement
-            fault, cause = Fault.from_exception(exc, rank=self.group.rank, request=None, item_hash=None), exc
+            # An unfit hit has just been evicted: the hit no longer in the cache is the one.
+            culprit = next(
+                (i for i, kind in enumerate(plan.kinds)
+                 if kind is HIT and cache is not None and not cache.contains(plan.keys[i])),
+                None,
+            )
+            fault = Fault.from_exception(
+                exc, rank=self.group.rank,
+                request=None if culprit is None else plan.requests[culprit],
+                item_hash=None if culprit is None else _hash_of(plan, culprit),
+            )
+            cause = exc
         if PRECOMPUTED in plan.kinds:  # precomputed embeddings are never cached: nothing to agree on
             cached = [i for i, kind in enumerate(plan.kinds) if kind is not PRECOMPUTED]
             keys, rows = [plan.keys[i] for i in cached], [plan.rows[i] for i in cached]

@@ -191,6 +191,7 @@ def test_an_unfit_cached_entry_on_one_rank_fails_the_step_everywhere_then_heals(
     assert all(e is not None and e["type"] == "RankFaultError" for e in errors)
     assert all(e == errors[0] for e in errors)
     assert errors[0]["rank"] == 1 and "CachedEmbeddingError" in errors[0]["message"]
+    assert errors[0]["item_hash"] == 7 and errors[0]["request"] == 0
     expected = naive_reference(scenarios.fault_step(world))
     for rec in records:
         # Rank 1 evicted the entry, so the next step agrees it is a miss: re-encoded
