@@ -107,6 +107,7 @@ def get_embedding_and_mask(
     if cache is None:
         _warn_uncached()
     items = _as_list(embedding_items)
+    items_size = _as_list(items_size)
     prefixes = _as_list(prefix_length)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
