@@ -44,3 +44,12 @@ class StepContext:
     on_cache_hit: AckHook | None = acknowledge_deferred_ipc
     # Upper bound on placeholder tokens per encoder call; None = one call per modality.
     max_tokens_per_encoder_call: int | None = None
+    # A torch.distributed process group whose ranks schedule this same step (an
+    # engine's tensor-parallel group; its CPU/gloo group if it has one). None: one rank.
+    group: Any = None
+    # With ``group``: split the agreed misses across the ranks (balanced by tokens),
+    # each encodes its share, rows are exchanged. Off: every rank encodes every miss.
+    encoder_parallel: bool = False
+    # Group the rows of an encoder-parallel step travel over (e.g. the engine's GPU
+    # group beside a CPU ``group``); None: ``group``.
+    rows_group: Any = None

@@ -98,3 +98,30 @@ class CachedEmbeddingError(MMScheduleError, ValueError):
     """A cached embedding does not fit the step that hit it (hidden size, dtype or
     device), or assembling it failed. The entry has been evicted, so the next step
     encodes the item again; the message names the request and the item hash."""
+
+
+class RankMismatchError(MMScheduleError, RuntimeError):
+    """The ranks of a process group planned different steps (different items, rows
+    or settings), so no agreement is possible. Raised on every rank alike."""
+
+
+class RankFaultError(MMScheduleError, RuntimeError):
+    """A rank's encoder raised, or its output failed validation, during a step shared
+    by a process group. Every rank raises this same error (same message) for that
+    step; nothing of the step is cached, and the next step starts clean."""
+
+    def __init__(self, message: str, *, rank: int, request: int | None, item_hash: int | None) -> None:
+        self.rank = rank
+        self.request = request
+        self.item_hash = item_hash
+        super().__init__(message)
+
+
+class RankCommunicationError(MMScheduleError, RuntimeError):
+    """A collective of the step's process group failed (a peer closed its connection,
+    the backend reported an error). The group cannot be trusted afterwards."""
+
+
+class RankTimeoutError(RankCommunicationError, TimeoutError):
+    """A rank did not reach a collective of the step within the process group's
+    timeout (it crashed, hung, or is serving another batch)."""

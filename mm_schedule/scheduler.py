@@ -3,7 +3,8 @@
 A step runs these phases, each a function of its own, in this order:
 
 1. ``plan_step``: which rows each request needs, every cache lookup (one lock);
-2. (with several ranks: agree on hits and misses across ranks, on the plan);
+2. ``agree_across_ranks`` (with a process group only): every rank's plan made the
+   same, and phases 3-6 run through ``mm_schedule.ranks``;
 3. ``check_sources``: the step's hits and precomputed embeddings fit it;
 4. ``encode_misses``: one encoder call per encoder batch;
 5. ``check_outputs``: every encoder output validated (nothing cached yet);
@@ -100,10 +101,25 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
     cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect)
 
 
+def agree_across_ranks(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected,
+                       context: StepContext) -> tuple[StepPlan, Any]:
+    """Phase 2: with a process group in ``context``, the plan every rank of it agrees on
+    and the rank step that runs phases 3-6 for it (``mm_schedule.ranks``); otherwise
+    ``(plan, None)``."""
+    if context.group is None:
+        return plan, None
+    from .ranks.step import rank_step
+
+    ranks = rank_step(context)
+    return (plan, None) if ranks is None else (ranks.agree(plan, cache, expected), ranks)
+
+
 def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, expected: Expected, *,
-                 move_features: bool = False) -> Sequence[Any]:
+                 move_features: bool = False, ranks: Any = None) -> Sequence[Any]:
     """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
     cached, indexed by source."""
+    if ranks is not None:
+        return ranks.prepare_rows(plan, encoders, cache, expected, move_features=move_features)
     tensors = check_sources(plan, expected, cache)
     if not plan.encoder_batches:
         return tensors
@@ -127,7 +143,8 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
         device = out.device if device is None else device
         hidden = out.shape[-1] if out.dim() == 2 else None
     expected = Expected(hidden, None if device is None else _concrete(device))
-    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features)
+    plan, ranks = agree_across_ranks(plan, cache, expected, context)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
     embedding = None
     if plan.n_rows:
         target = out.dtype if out is not None else dtype
@@ -270,7 +287,8 @@ def run_fused(plan: StepPlan, input_embeds: Any, encoders: Encoders, cache: Embe
     against ``input_embeds`` by ``check_fused_rows``)."""
     flat = embeddings_2d(input_embeds)
     expected = Expected(flat.shape[1], flat.device)
-    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features)
+    plan, ranks = agree_across_ranks(plan, cache, expected, context)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
     written = None
     if plan.n_rows:
         if len(expected.dtypes) > 1:
