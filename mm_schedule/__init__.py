@@ -18,6 +18,7 @@ _EXPORTS = {
     "CacheStats": "cache",
     "EmbeddingResult": "cache",
     "combine_hashes": "cache",
+    "content_hash": "hashing",
     "MMItem": "items",
     "ParallelContext": "context",
     "StepContext": "context",

@@ -81,3 +81,8 @@ class KernelConfigError(MMScheduleError, ValueError):
     """A per-GPU kernel config file (or the folder named by
     ``MM_SCHEDULE_KERNEL_CONFIG_DIR``) is missing or malformed; the message names the
     file and the entry that is wrong."""
+
+
+class UnsupportedModelError(MMScheduleError, TypeError):
+    """A model given to an integration adapter has no vision path the adapter knows;
+    the message names the model type and the ones supported."""
