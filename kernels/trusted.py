@@ -1,0 +1,97 @@
+"""The scheduler's own way into the segment copy: tables it built and checked itself.
+
+The public launchers (``gather_segments``, ``merge_segments``) check every table and
+tensor, which costs more host time per step than the copy itself on a CPU. The
+scheduler's planner has already proved everything those checks look for, so it calls
+``copy_segments`` here instead, which trusts its arguments completely. Nothing outside
+the scheduler should call it: a wrong table here writes wrong rows or crashes.
+
+Which implementation runs is decided once per process from ``MM_SCHEDULE_KERNEL_BACKEND``
+and ``TRITON_INTERPRET`` (read at the first call, not on every step); call
+``forget_backend_choice`` after changing either at runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from .backend import interpreter_enabled, requested_backend, triton_available
+
+
+@functools.cache
+def _backend_choice() -> tuple[str, bool]:
+    return requested_backend(), interpreter_enabled()
+
+
+def forget_backend_choice() -> None:
+    """Make the next ``copy_segments`` read the backend environment variables again."""
+    _backend_choice.cache_clear()
+
+
+def _runs_triton(device) -> bool:
+    requested, interpreted = _backend_choice()
+    if requested == "torch":
+        return False
+    if requested == "auto":
+        return device.type != "cpu" and not interpreted and triton_available()
+    return True  # forced: the launcher itself says when it cannot run on this device
+
+
+def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
+    """Copy ``sources[s][r : r + n]`` to ``dst[d : d + n]`` for every ``(s, r, n, d)`` and return ``dst``.
+
+    Trusted: ``sources`` are 2-D, row-contiguous, with ``dst``'s hidden size and on its
+    device; every segment lies inside its source and ``dst``; no two segments write
+    the same row. Rows are cast to ``dst``'s dtype. Nothing is checked.
+
+    Equivalent PyTorch::
+
+        for s, r, n, d in segments:
+            dst[d : d + n] = sources[s][r : r + n].to(dst.dtype)
+    """
+    if not segments:
+        return dst
+    if _runs_triton(dst.device):
+        from .merge import merge_segments
+
+        # Checked public launcher until a trusted Triton launcher takes the table as is.
+        return merge_segments(sources, segments, dst)
+    return _copy_with_torch(sources, segments, dst)
+
+
+def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
+    """One torch call for the whole table: a ``cat`` into ``dst`` when the segments fill
+    consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
+    into views of ``dst`` (the fused layout, rows between placeholders left alone).
+    Whole sources are passed as they are; only partial ones are sliced."""
+    import torch
+
+    views = []
+    append = views.append
+    first = expected = segments[0][3]
+    in_order = ascending = True
+    for s, r, n, d in segments:
+        src = sources[s]
+        append(src if r == 0 and n == src.shape[0] else src[r : r + n])
+        if d != expected:
+            in_order = False
+            ascending = ascending and d > expected
+        expected = d + n
+    if in_order:
+        torch.cat(views, out=dst if first == 0 and expected == dst.shape[0] else dst[first:expected])
+        return dst
+    order = range(len(segments))
+    if not ascending:
+        order = sorted(order, key=lambda i: segments[i][3])
+        views = [views[i] for i in order]
+    # Views of dst cut at every segment boundary; the odd ones are the segments.
+    sizes, position = [], 0
+    for i in order:
+        _, _, n, d = segments[i]
+        sizes.append(d - position)
+        sizes.append(n)
+        position = d + n
+    sizes.append(dst.shape[0] - position)
+    torch._foreach_copy_(list(dst.split(sizes)[1::2]), views)
+    return dst
