@@ -4,8 +4,8 @@ Each step prefills up to ``chunk`` tokens of every active request. The multimoda
 rows of the whole step come from one ``merge_chunk`` call (all requests' cache misses
 encoded together); the decoder then runs each request's chunk on top of its own KV
 cache. ``per_request_step`` is the path we compare against: the same API called once
-per request, so each request that misses gets its own encoder call (how SGLang 0.5.17
-embedded a batch: request by request).
+per request, so each request that misses gets its own encoder call (what SGLang's
+by-item path, which it keeps on ROCm, NPU and XPU, does).
 """
 
 from __future__ import annotations

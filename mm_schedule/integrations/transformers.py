@@ -88,10 +88,6 @@ class VisionAdapter:
     the rows.
     """
 
-    # The scheduler must not move item features to the device: the encoder copies its
-    # batch there in one go, and the items keep the processor's host pixels.
-    moves_its_inputs = True
-
     def __init__(self, model: Any, *, model_id: str | None = None) -> None:
         self.model = model
         self.paths = {p.modality: p for p in vision_paths(model)}
