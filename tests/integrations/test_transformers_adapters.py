@@ -171,16 +171,13 @@ def test_gemma3_placeholder_outside_the_vocabulary_embeds_as_the_model_does():
     oov = vlm.model.config.text_config.vocab_size + 5
     inputs["input_ids"][inputs["input_ids"] == vlm.model.config.image_token_id] = oov
     vlm.model.config.image_token_id = oov
-    try:
-        adapter = VisionAdapter(vlm.model, model_id="m")
-        n = inputs["input_ids"].shape[1]
-        (got,), _, _ = _prefill(adapter, None, [inputs], [[(0, 0, n)]])
-        with torch.no_grad():
-            own = vlm.model(**inputs).logits
-            ours = vlm.model(inputs_embeds=got[None]).logits
-        assert torch.equal(ours, own)
-    finally:
-        vlm.model.config.image_token_id = 120
+    adapter = VisionAdapter(vlm.model, model_id="m")
+    n = inputs["input_ids"].shape[1]
+    (got,), _, _ = _prefill(adapter, None, [inputs], [[(0, 0, n)]])
+    with torch.no_grad():
+        own = vlm.model(**inputs).logits
+        ours = vlm.model(inputs_embeds=got[None]).logits
+    assert torch.equal(ours, own)
 
 
 def test_batched_processor_output_splits_per_row():
