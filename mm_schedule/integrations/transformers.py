@@ -156,7 +156,12 @@ class VisionAdapter:
                 raise InvalidItemError(
                     f"{path.grid_key} describes {sum(patches)} patch rows, {path.pixels_key} has {pixels.shape[0]}"
                 )
-            merge = self._merge_size()
+            merge = int(self.model.config.vision_config.spatial_merge_size)
+            for grid in grid_thw.tolist():
+                if grid[1] % merge or grid[2] % merge:
+                    raise InvalidItemError(
+                        f"{path.grid_key} row {grid}: height and width must be multiples of the merge size {merge}"
+                    )
             features = list(pixels.split(patches))
             return features, list(grid_thw.to("cpu")), [p // merge**2 for p in patches]
         if pixels.dim() != 4:
@@ -170,9 +175,6 @@ class VisionAdapter:
                 f" evenly among {n_images} images"
             )
         return list(pixels.unbind(0)), [None] * n_images, [n_tokens // n_images] * n_images
-
-    def _merge_size(self) -> int:
-        return int(self.model.config.vision_config.spatial_merge_size)
 
     # -- encoder -----------------------------------------------------------------------
     def __call__(self, items: Sequence[Any]) -> list[Any]:

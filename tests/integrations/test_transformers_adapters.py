@@ -218,6 +218,9 @@ def test_bad_inputs_raise_typed_errors_naming_the_problem():
     swapped = dict(inputs, image_grid_thw=torch.tensor([[1, 2, 2], [1, 4, 4]]), pixel_values=inputs["pixel_values"])
     with pytest.raises(InvalidItemError, match="image 1 needs 4 placeholder tokens"):
         adapter.items(swapped)
+    odd = dict(inputs, image_grid_thw=torch.tensor([[1, 4, 4], [1, 1, 4]]), pixel_values=inputs["pixel_values"][:20])
+    with pytest.raises(InvalidItemError, match=r"row \[1, 1, 4\]: height and width must be multiples of the merge size 2"):
+        adapter.items(odd)
     extra = dict(inputs, input_ids=torch.cat([inputs["input_ids"], torch.tensor([[120]])], 1))
     with pytest.raises(InvalidItemError, match="all 2 images of the inputs are already placed"):
         adapter.items(extra)
