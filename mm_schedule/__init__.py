@@ -1,6 +1,6 @@
 """mm_schedule: multimodal embeddings into LLM prefill.
 
-Our API: ``EmbeddingCache``, ``RequestChunk``, ``StepContext``/``ParallelContext``,
+Our API: ``EmbeddingCache``, ``RequestChunk``, ``Encoder``, ``StepContext``/``ParallelContext``,
 ``plan_step``, ``embed_chunk`` (packed rows) and ``merge_chunk`` (rows written into
 ``input_embeds``). SGLang-compatible names (``init_mm_embedding_cache``,
 ``embedding_cache``, ``get_embedding_chunk``, ``get_embedding_and_mask``,
@@ -17,15 +17,18 @@ _EXPORTS = {
     "EmbeddingCache": "cache",
     "CacheStats": "cache",
     "EmbeddingResult": "cache",
-    "combine_hashes": "cache",
+    "combine_hashes": "keys",
+    "item_key": "keys",
     "content_hash": "hashing",
     "MMItem": "items",
+    "Encoder": "encode",
     "ParallelContext": "context",
     "StepContext": "context",
     "acknowledge_deferred_ipc": "context",
     "RequestChunk": "plan",
     "StepPlan": "plan",
-    "plan_step": "plan",
+    "SourceKind": "plan",
+    "plan_step": "planner",
     "embed_chunk": "scheduler",
     "merge_chunk": "scheduler",
     "StepResult": "scheduler",
@@ -39,19 +42,22 @@ _EXPORTS = {
     "PerImageRequestInfo": "sglang_compat",
     "set_step_context": "sglang_compat",
     "count_mm_tokens_in_extend": "sglang_compat",
-    "placeholder_mask": "sglang_compat",
+    "placeholder_mask": "placeholders",
 }
+# Module state that is rebound at runtime: always read from its module, never cached here.
+_LIVE = frozenset({"embedding_cache"})
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    # Resolved on every access rather than cached, so ``mm_schedule.embedding_cache``
-    # stays live after ``init_mm_embedding_cache`` rebinds it.
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'mm_schedule' has no attribute {name!r}")
-    return getattr(import_module(f".{module}", __name__), name)
+    value = getattr(import_module(f".{module}", __name__), name)
+    if name not in _LIVE:
+        globals()[name] = value  # later lookups skip this function entirely
+    return value
 
 
 def __dir__():

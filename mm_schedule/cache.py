@@ -1,16 +1,22 @@
 """A byte-bounded LRU cache of encoder outputs, safe to share between threads.
 
-Keys are integers: an item's hash for per-item entries, ``combine_hashes`` of a
-request's item hashes for whole-request entries (SGLang's two key spaces).
+Keys are ints: an item's key for per-item entries, ``combine_hashes`` of a request's
+item keys for whole-request entries (SGLang's two key spaces); ``keys.py`` says which
+item hashes are accepted.
+
+An entry is stored once, in the form a step reads it: a detached 2-D ``[rows, H]``
+tensor, with its row count and the bytes it is charged for recorded at insertion, so a
+step's lookups touch no tensor. A step looks up all its keys under one lock
+(``lookup_many``) and inserts all its validated encoder outputs under one lock
+(``insert_many``), keeping the step's own hits from being evicted by its inserts.
 
 Accounting charges what an entry really keeps alive: the bytes of its tensor's
 *storage*. A view whose storage is larger than its payload (a slice of a batched
 encoder output) is cloned first, so caching one image never pins a whole batch.
 
-``set`` on a key that is already present replaces the value and refreshes its
-recency (SGLang keeps the old value instead; replacing is what a caller re-encoding
-a mismatched entry wants). An entry larger than the whole budget is rejected
-without evicting anything. Entries pinned by a step in progress are never evicted.
+Inserting under a key that is present replaces the value and refreshes its recency
+(SGLang keeps the old value; replacing is what re-encoding a discarded entry wants).
+An entry larger than the whole budget is rejected without evicting anything.
 """
 
 from __future__ import annotations
@@ -23,18 +29,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .keys import combine_hashes
+
 log = logging.getLogger(__name__)
 
-
-def combine_hashes(hashes: Sequence[int]) -> int | None:
-    """The whole-request key for a list of item hashes (None for an empty list).
-
-    Python's ``hash`` of a tuple of ints is deterministic across processes
-    (``PYTHONHASHSEED`` only salts str and bytes), so every rank agrees on it.
-    """
-    if not hashes:
-        return None
-    return hash(tuple(hashes))
+# An entry: (2-D tensor, rows, charged bytes, the value as given to the SGLang-style ``set``,
+# layout). A layout is (hidden size, dtype, device): what assembly needs to agree on.
+_TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT = 0, 1, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,24 @@ class EmbeddingResult:
 
 
 def _unwrap(value: Any) -> Any:
-    return getattr(value, "embedding", value)
+    return value if hasattr(value, "shape") else getattr(value, "embedding", value)
 
 
-def _storage_bytes(tensor: Any) -> int:
-    return tensor.untyped_storage().nbytes()
+def owns_storage(tensor: Any) -> bool:
+    """True when ``tensor`` is contiguous and its storage holds nothing but its own rows."""
+    return tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
-def _payload_bytes(tensor: Any) -> int:
-    return tensor.numel() * tensor.element_size()
+def _entry(tensor: Any, value: Any) -> tuple:
+    """The entry for ``tensor``: detached, 2-D, owning exactly its storage."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.dim() != 2:
+        tensor = tensor.reshape(-1, tensor.shape[-1])
+    if not owns_storage(tensor):
+        tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
+    rows, hidden = tensor.shape
+    return tensor, rows, tensor.untyped_storage().nbytes(), value, (hidden, tensor.dtype, tensor.device)
 
 
 class EmbeddingCache:
@@ -77,16 +87,74 @@ class EmbeddingCache:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = int(max_bytes)
-        self._entries: OrderedDict[int, tuple[Any, int]] = OrderedDict()  # key -> (value, charged bytes)
+        self._entries: OrderedDict[int, tuple] = OrderedDict()
+        self._layouts: Counter[tuple] = Counter()
         self._pins: Counter[int] = Counter()
         self._bytes = 0
         self._lock = threading.RLock()
         self._hits = self._misses = self._insertions = 0
         self._evictions = self._rejected = self._discarded = 0
 
-    # -- our API ---------------------------------------------------------------------
+    # -- what a step uses ----------------------------------------------------------------
+    def lookup_many(self, keys: Sequence[int], rows: Sequence[int]) -> tuple[list[Any], tuple | None]:
+        """The cached 2-D tensor for each key, or None, under one lock; refreshes recency
+        and counts hits and misses. An entry whose row count is not ``rows[i]`` is a
+        different embedding under the same key (a truncated-hash collision, a model
+        change): it is discarded, logged, and reported as a miss.
+
+        Also returns the layout ``(hidden, dtype, device)`` every entry of the cache
+        shares at that moment, or None when they differ: with one layout, a step checks
+        its hits against what it needs once instead of once per hit."""
+        out = []
+        append = out.append
+        hits = 0
+        with self._lock:
+            entries = self._entries
+            move = entries.move_to_end
+            for key, n in zip(keys, rows):
+                entry = entries.get(key)
+                if entry is None:
+                    append(None)
+                elif entry[_ROWS] == n:
+                    move(key)
+                    append(entry[_TENSOR])
+                    hits += 1
+                else:
+                    log.warning(
+                        "Discarding cached multimodal embedding: key %d, expected %d rows, cached %d",
+                        key, n, entry[_ROWS],
+                    )
+                    self._pop(key)
+                    self._discarded += 1
+                    append(None)
+            self._hits += hits
+            self._misses += len(out) - hits
+            layout = next(iter(self._layouts)) if len(self._layouts) == 1 else None
+        return out, layout
+
+    def insert_many(self, entries: Iterable[tuple[int, Any]], *, protect: Iterable[int] = ()) -> int:
+        """Insert ``(key, tensor)`` pairs under one lock; returns how many were cached.
+        ``protect``: keys that must not be evicted to make room (the inserting step's
+        own hits). The caller has validated the tensors (floating, right rows)."""
+        prepared = [(key, _entry(tensor, None)) for key, tensor in entries]
+        keep = set(protect)
+        inserted = 0
+        with self._lock:
+            for key, entry in prepared:
+                inserted += self._insert(key, entry, keep)
+        return inserted
+
+    def discard(self, key: int) -> bool:
+        """Drop an entry found to be wrong (e.g. one that failed assembly)."""
+        with self._lock:
+            if self._pop(key):
+                self._discarded += 1
+                return True
+            return False
+
+    # -- single-key API -------------------------------------------------------------------
     def lookup(self, key: int) -> Any | None:
-        """The tensor cached under ``key`` (refreshing its recency), or None. Counts a hit or miss."""
+        """The 2-D tensor cached under ``key`` (refreshing its recency), or None. Counts a hit or miss."""
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -94,37 +162,14 @@ class EmbeddingCache:
                 return None
             self._entries.move_to_end(key)
             self._hits += 1
-            return _unwrap(entry[0])
+            return entry[_TENSOR]
 
     def insert(self, key: int, value: Any) -> bool:
         """Cache ``value`` (a tensor, or an object with ``.embedding``). Returns False when
         it cannot fit without evicting pinned entries or exceeds the whole budget."""
-        tensor = _unwrap(value)
-        if _storage_bytes(tensor) > _payload_bytes(tensor):
-            tensor = tensor.clone()
-            value = tensor if value is _unwrap(value) else _replace_embedding(value, tensor)
-        size = _storage_bytes(tensor)
+        entry = _entry(_unwrap(value), None if hasattr(value, "shape") else value)
         with self._lock:
-            old = self._entries.get(key)
-            reclaim = old[1] if old is not None else 0
-            if size > self.max_bytes or not self._make_room(size - reclaim, keep=key):
-                self._rejected += 1
-                return False
-            if old is not None:
-                self._bytes -= old[1]
-            self._entries[key] = (value, size)
-            self._entries.move_to_end(key)
-            self._bytes += size
-            self._insertions += 1
-            return True
-
-    def discard(self, key: int) -> bool:
-        """Drop an entry found to be wrong (e.g. a row-count mismatch after a hash collision)."""
-        with self._lock:
-            if self._pop(key):
-                self._discarded += 1
-                return True
-            return False
+            return self._insert(key, entry, ())
 
     def contains(self, key: int) -> bool:
         with self._lock:
@@ -132,7 +177,7 @@ class EmbeddingCache:
 
     @contextmanager
     def pin(self, keys: Iterable[int]) -> Iterator[None]:
-        """Keep ``keys`` from being evicted while a step that uses them is assembled."""
+        """Keep ``keys`` from being evicted while the block runs (any thread's inserts)."""
         keys = list(keys)
         with self._lock:
             self._pins.update(keys)
@@ -160,6 +205,7 @@ class EmbeddingCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._layouts.clear()
             self._bytes = 0
 
     def __len__(self) -> int:
@@ -185,8 +231,8 @@ class EmbeddingCache:
                 return None
             self._entries.move_to_end(mm_hash)
             self._hits += 1
-            value = entry[0]
-        return value if hasattr(value, "embedding") else EmbeddingResult(embedding=value)
+        value = entry[_VALUE]
+        return value if value is not None else EmbeddingResult(embedding=entry[_TENSOR])
 
     def set(self, mm_hash: int, embedding: Any, loc: Any = None) -> bool:
         return self.insert(mm_hash, embedding)
@@ -207,38 +253,54 @@ class EmbeddingCache:
         return self.stats().bytes
 
     # -- internals (caller holds the lock) ----------------------------------------------
+    def _insert(self, key: int, entry: tuple, keep) -> bool:
+        size = entry[_BYTES]
+        old = self._entries.get(key)
+        reclaim = old[_BYTES] if old is not None else 0
+        if size > self.max_bytes or not self._make_room(size - reclaim, key, keep):
+            self._rejected += 1
+            return False
+        if old is not None:
+            self._bytes -= reclaim
+            self._forget_layout(old)
+        self._entries[key] = entry
+        self._layouts[entry[_LAYOUT]] += 1
+        self._entries.move_to_end(key)
+        self._bytes += size
+        self._insertions += 1
+        return True
+
     def _pop(self, key: int) -> bool:
         entry = self._entries.pop(key, None)
         if entry is None:
             return False
-        self._bytes -= entry[1]
+        self._bytes -= entry[_BYTES]
+        self._forget_layout(entry)
         return True
 
-    def _make_room(self, needed: int, *, keep: int) -> bool:
+    def _forget_layout(self, entry: tuple) -> None:
+        layout = entry[_LAYOUT]
+        self._layouts[layout] -= 1
+        if not self._layouts[layout]:
+            del self._layouts[layout]
+
+    def _make_room(self, needed: int, key: int, keep) -> bool:
         """Evict unpinned LRU entries until ``needed`` more bytes fit. Decides first, so a
         request that cannot be satisfied evicts nothing."""
         excess = self._bytes + needed - self.max_bytes
         if excess <= 0:
             return True
         victims, freed = [], 0
-        for key, (_, size) in self._entries.items():
-            if key == keep or self._pins[key] > 0:
+        for other, entry in self._entries.items():
+            if other == key or other in keep or self._pins[other] > 0:
                 continue
-            victims.append(key)
-            freed += size
+            victims.append(other)
+            freed += entry[_BYTES]
             if freed >= excess:
                 break
         if freed < excess:
             return False
-        for key in victims:
-            self._pop(key)
+        for other in victims:
+            self._pop(other)
             self._evictions += 1
         return True
-
-
-def _replace_embedding(value: Any, tensor: Any) -> Any:
-    import copy
-
-    clone = copy.copy(value)
-    clone.embedding = tensor
-    return clone

@@ -25,10 +25,11 @@ def acknowledge_deferred_ipc(items: Sequence[Any], parallel: ParallelContext) ->
     ``tp_size`` consumers, as SGLang's transport expects."""
     if parallel.attn_tp_rank != 0:
         return
+    consumers = max(parallel.tp_size, 1)
     for item in items:
         ack = getattr(item, "acknowledge_deferred_cuda_ipc_feature", None)
         if ack is not None:
-            ack(max(parallel.tp_size, 1))
+            ack(consumers)
 
 
 AckHook = Callable[[Sequence[Any], ParallelContext], None]
@@ -39,8 +40,7 @@ class StepContext:
     """Per-engine settings of a scheduling step."""
 
     parallel: ParallelContext = ParallelContext()
+    # Called once per successful step with every request's item served from the cache.
     on_cache_hit: AckHook | None = acknowledge_deferred_ipc
-    # None: decide per encoder (some encoders move their inputs themselves).
-    move_features: bool | None = None
     # Upper bound on placeholder tokens per encoder call; None = one call per modality.
     max_tokens_per_encoder_call: int | None = None

@@ -83,6 +83,12 @@ class KernelConfigError(MMScheduleError, ValueError):
     file and the entry that is wrong."""
 
 
+class CachedEmbeddingError(MMScheduleError, ValueError):
+    """A cached embedding does not fit the step that hit it (hidden size, dtype or
+    device), or assembling it failed. The entry has been evicted, so the next step
+    encodes the item again; the message names the request and the item hash."""
+
+
 class UnsupportedModelError(MMScheduleError, TypeError):
     """A model given to an integration adapter has no vision path the adapter knows;
     the message names the model type and the ones supported."""

@@ -1,12 +1,14 @@
-"""Multimodal items as the scheduler sees them.
+"""Multimodal items as the scheduler sees them, and the checks on their spans.
 
 The scheduler duck-types on ``hash``, ``offsets``, ``feature``,
 ``precomputed_embeddings``, ``modality`` and ``pad_value``, so SGLang's own
 ``MultimodalDataItem`` objects work unchanged; ``MMItem`` is our small equivalent.
+``offsets`` is a list of ``(start, end)`` spans with inclusive ends, in prompt positions.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +23,7 @@ MODALITY_ORDER = ("IMAGE", "VIDEO", "AUDIO")
 @dataclass(eq=False)
 class MMItem:
     modality: Any = "IMAGE"
-    hash: int | None = None
+    hash: int | bytes | str | None = None
     offsets: list[Span] | None = None
     feature: Any = None
     precomputed_embeddings: Any = None
@@ -29,18 +31,51 @@ class MMItem:
     model_specific_data: dict = field(default_factory=dict)
 
 
+_MODALITY_NAMES: dict[Any, str] = {}
+
+
 def modality_name(modality: Any) -> str:
     """``Modality.IMAGE`` (an enum), ``"image"`` and ``"IMAGE"`` all name the same modality."""
-    return str(getattr(modality, "name", modality)).upper()
+    try:
+        return _MODALITY_NAMES[modality]
+    except (KeyError, TypeError):
+        name = str(getattr(modality, "name", modality)).upper()
+        try:
+            _MODALITY_NAMES[modality] = name
+        except TypeError:  # unhashable: named each time
+            pass
+        return name
+
+
+def _where(request: int | None, item: Any) -> str:
+    return f"request {request}, item hash {getattr(item, 'hash', None)!r}"
 
 
 def item_spans(item: Any, *, request: int | None = None) -> list[Span]:
+    """The item's spans as ``(start, end)`` int pairs, or ``InvalidItemError`` saying what
+    shape was given instead (a bare ``(s, e)`` pair, a generator, non-integer ends)."""
     offsets = getattr(item, "offsets", None)
-    if not offsets:
+    if offsets is None or (isinstance(offsets, (list, tuple)) and not offsets):
+        raise InvalidItemError(f"{_where(request, item)}: item has no offsets")
+    if not isinstance(offsets, (list, tuple)):
         raise InvalidItemError(
-            f"request {request}, item hash {getattr(item, 'hash', None)}: item has no offsets"
+            f"{_where(request, item)}: offsets must be a list of (start, end) spans, got {type(offsets).__name__}"
         )
-    return [(int(s), int(e)) for s, e in offsets]
+    if len(offsets) == 2 and all(isinstance(v, int) for v in offsets):
+        raise InvalidItemError(
+            f"{_where(request, item)}: offsets {tuple(offsets)!r} is one bare (start, end) pair;"
+            f" pass a list of spans: [{tuple(offsets)!r}]"
+        )
+    spans = []
+    for span in offsets:
+        try:
+            start, end = span
+            spans.append((operator.index(start), operator.index(end)))
+        except (TypeError, ValueError):
+            raise InvalidItemError(
+                f"{_where(request, item)}: span {span!r} is not an (start, end) pair of ints"
+            ) from None
+    return spans
 
 
 def span_tokens(spans: Sequence[Span]) -> int:
@@ -69,3 +104,13 @@ def window_overlap(start: int, end: int, window_start: int, window_end: int) -> 
     if hi < lo:
         return None
     return lo - start, hi - lo + 1
+
+
+def as_index(value: Any, *, request: int, what: str) -> int:
+    """An int-like request field (prefix, extend, row offset), or ``InvalidItemError``."""
+    if isinstance(value, bool):
+        raise InvalidItemError(f"request {request}: {what} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidItemError(f"request {request}: {what} must be an int, got {value!r}") from None

@@ -1,7 +1,18 @@
-"""The explicit API: plan a step, encode its misses in as few calls as possible,
-cache them, and assemble the rows with one kernel launch.
+"""The explicit API: one prefill step from requests to rows.
+
+A step runs these phases, each a function of its own, in this order:
+
+1. ``plan_step``: which rows each request needs, every cache lookup (one lock);
+2. (with several ranks: agree on hits and misses across ranks, on the plan);
+3. ``check_sources``: the step's hits and precomputed embeddings fit it;
+4. ``encode_misses``: one encoder call per encoder batch;
+5. ``check_outputs``: every encoder output validated (nothing cached yet);
+6. ``insert_encoded``: validated outputs cached, under one lock;
+7. assembly: the segment table copied by the trusted kernel path, then the cache
+   hits acknowledged (once per successful step).
 
 Two assembly modes:
+
 * ``embed_chunk`` returns a packed ``[n_rows, H]`` tensor (SGLang's contract), rows in
   request order, then placeholder-position order;
 * ``merge_chunk`` writes the rows straight into ``input_embeds`` at the placeholder
@@ -10,102 +21,154 @@ Two assembly modes:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
+from .assemble import copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
-from .encode import encode_misses
-from .errors import EmbeddingLengthMismatch
-from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan, plan_step
+from .encode import Encoders, encode_misses
+from .errors import InvalidItemError, KernelInputError
+from .items import as_index
+from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan
+from .planner import as_requests, plan_step
+from .validate import Expected, check_hits, check_outputs, check_precomputed
 
-Encoders = Callable | Mapping[Any, Callable]
 DEFAULT_CONTEXT = StepContext()
 
 
 @dataclass(frozen=True)
 class StepReport:
+    """What a step did. ``cache_hits`` counts distinct cached embeddings used;
+    ``hit_uses`` counts request items served from the cache (an image shared by three
+    requests is one hit and three uses). ``items_encoded`` counts items passed to
+    encoders (shared images once)."""
+
     encoder_calls: int
     items_encoded: int
     cache_hits: int
+    hit_uses: int
     precomputed: int
     rows: int
     segments: int
 
 
-@dataclass
 class StepResult:
-    plan: StepPlan
-    report: StepReport
-    embedding: Any = None  # packed rows (embed_chunk) or the updated input_embeds (merge_chunk)
+    """A step's outcome: its ``plan``, its ``report`` and ``embedding``: the packed rows
+    (``embed_chunk``) or the updated ``input_embeds`` (``merge_chunk``); None when the
+    step needs no multimodal row."""
+
+    __slots__ = ("embedding", "plan")
+
+    def __init__(self, plan: StepPlan, embedding: Any) -> None:
+        self.plan = plan
+        self.embedding = embedding
+
+    @property
+    def report(self) -> StepReport:
+        plan = self.plan
+        items = sum(len(plan.items_of(batch[0])) if batch[0] in plan.multi_items else len(batch)
+                    for _, batch in plan.encoder_batches)
+        return StepReport(
+            encoder_calls=len(plan.encoder_batches), items_encoded=items, cache_hits=plan.kinds.count(HIT),
+            hit_uses=len(plan.hit_items), precomputed=plan.kinds.count(PRECOMPUTED),
+            rows=plan.n_rows, segments=len(plan.seg_source),
+        )
 
 
-def _prepare_sources(plan: StepPlan, device: Any) -> list[Any]:
-    tensors = []
-    for s in plan.sources:
-        t = s.tensor
-        if s.status == PRECOMPUTED:
-            t = t.reshape(-1, t.shape[-1])
-            if t.shape[0] != s.rows:
-                raise EmbeddingLengthMismatch(
-                    expected=s.rows, received=t.shape[0], request=s.request,
-                    item_hash=getattr(s.items[0], "hash", None), what="precomputed embedding rows",
-                )
-        else:
-            t = t.reshape(-1, t.shape[-1])
-        if device is not None and t.device != device:
-            t = t.to(device, non_blocking=True)
-        tensors.append(t.contiguous())
+def check_sources(plan: StepPlan, expected: Expected, cache: EmbeddingCache | None) -> Sequence[Any]:
+    """The step's source tensors with its hits and precomputed embeddings checked
+    (misses are still None)."""
+    tensors = check_hits(plan, expected, cache)
+    if PRECOMPUTED in plan.kinds:
+        tensors = list(tensors)
+        check_precomputed(plan, tensors, expected)
     return tensors
 
 
-def _common_dtype(tensors: list[Any], dtype: Any) -> list[Any]:
-    """The kernels read one source dtype per launch (and cast it on the fly); sources
-    that disagree (say, a bf16 image encoder beside an fp32 audio one in a fused
-    merge) are converted up front."""
-    if len({t.dtype for t in tensors}) <= 1:
+def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequence[Any],
+                   encoded: Sequence[int]) -> None:
+    """Cache the validated encoder outputs, keeping this step's own hits from eviction."""
+    if cache is None or not encoded:
+        return
+    keys = plan.keys
+    protect = plan.hit_keys if HIT in plan.kinds else ()
+    cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect)
+
+
+def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, expected: Expected, *,
+                 move_features: bool = False) -> Sequence[Any]:
+    """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
+    cached, indexed by source."""
+    tensors = check_sources(plan, expected, cache)
+    if not plan.encoder_batches:
         return tensors
-    target = dtype or tensors[0].dtype
-    return [t.to(target) for t in tensors]
+    tensors = list(tensors)
+    outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
+    encoded = check_outputs(plan, outputs, tensors, expected)
+    insert_encoded(cache, plan, tensors, encoded)
+    return tensors
 
 
-def run_step(
-    requests: Sequence[RequestChunk],
-    encoders: Encoders,
-    *,
-    cache: EmbeddingCache | None,
-    context: StepContext,
-    device: Any = None,
-    assemble: Callable[[StepPlan, list[Any]], Any],
-) -> StepResult:
-    plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
     if plan.hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(plan.hit_items, context.parallel)
-    # This step's hits stay cached while its misses are inserted; assembly itself reads
-    # the tensors the plan holds, so no later eviction can take rows away from it.
-    with cache.pin(plan.hit_keys) if cache is not None else nullcontext():
-        calls, encoded = encode_misses(plan, encoders, device=device, move_features=context.move_features)
-        if cache is not None:
-            for s in plan.sources:
-                if s.status not in (HIT, PRECOMPUTED) and s.tensor is not None:
-                    cache.insert(s.key, s.tensor)
-    tensors = _prepare_sources(plan, device)
-    output = assemble(plan, tensors) if plan.segments else None
-    report = StepReport(
-        encoder_calls=calls,
-        items_encoded=encoded,
-        cache_hits=sum(s.status == HIT for s in plan.sources),
-        precomputed=sum(s.status == PRECOMPUTED for s in plan.sources),
-        rows=plan.n_rows,
-        segments=len(plan.segments),
-    )
-    return StepResult(plan=plan, report=report, embedding=output)
+
+
+def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, context: StepContext, *,
+               device: Any = None, out: Any = None, dtype: Any = None, move_features: bool = False) -> StepResult:
+    """Phases 3-7 in packed mode for an already planned step."""
+    hidden = None
+    if out is not None:
+        device = out.device if device is None else device
+        hidden = out.shape[-1] if out.dim() == 2 else None
+    expected = Expected(hidden, device)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features)
+    embedding = None
+    if plan.n_rows:
+        target = out.dtype if out is not None else dtype
+        dtypes = expected.dtypes
+        if target is None:
+            target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
+        if out is None:
+            out = _empty(plan.n_rows, expected.hidden, target, expected.device)
+        else:
+            _check_out(out, plan.n_rows, expected)
+        if len(dtypes) > 1:
+            tensors = one_dtype(tensors, target)
+        embedding = copy_rows(plan, tensors, packed_table(plan), out, cache)
+    acknowledge_hits(plan, context)
+    return StepResult(plan, embedding)
+
+
+def _empty(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
+    import torch
+
+    return torch.empty((rows, hidden), dtype=dtype, device=device)
+
+
+def _promoted(dtypes: set) -> Any:
+    import torch
+
+    result = None
+    for d in dtypes:
+        result = d if result is None else torch.promote_types(result, d)
+    return result
+
+
+def _check_out(out: Any, rows: int, expected: Expected) -> None:
+    if out.dim() != 2 or out.shape[0] < rows or out.shape[1] != expected.hidden:
+        raise KernelInputError(
+            f"out has shape {tuple(out.shape)}; the step needs at least [{rows}, {expected.hidden}]"
+        )
+    if not out.is_contiguous():
+        raise KernelInputError("out must be contiguous")
 
 
 def embed_chunk(
-    requests: Sequence[RequestChunk],
+    requests: Iterable[RequestChunk],
     encoders: Encoders,
     *,
     cache: EmbeddingCache | None = None,
@@ -114,35 +177,86 @@ def embed_chunk(
     out: Any = None,
     dtype: Any = None,
 ) -> StepResult:
-    """Packed mode: ``result.embedding`` is ``[n_rows, H]`` (None when the step needs no rows)."""
-    from .kernels import gather_segments
+    """Packed mode: ``result.embedding`` is ``[n_rows, H]`` (None when the step needs no rows).
 
-    def assemble(plan: StepPlan, tensors: list[Any]) -> Any:
-        segments = [(g.source, g.src_row, g.n_rows, g.packed_row) for g in plan.segments]
-        target = dtype if out is None else out.dtype
-        return gather_segments(_common_dtype(tensors, target), segments, out=out, dtype=dtype)
+    ``device``: where the rows are assembled (encoder outputs must already be there;
+    cached entries kept elsewhere are moved); default: where the step's sources are.
+    ``out``: a contiguous buffer of at least ``n_rows`` rows to write into.
+    ``dtype``: of the new buffer (default: the sources' dtype, promoted if they differ).
+    """
+    plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    return run_packed(plan, encoders, cache, context, device=device, out=out, dtype=dtype)
 
-    return run_step(requests, encoders, cache=cache, context=context, device=device, assemble=assemble)
+
+def embeddings_2d(input_embeds: Any) -> Any:
+    """``input_embeds`` as ``[tokens, H]`` sharing its storage: ``[T, H]`` as is, ``[B, L, H]``
+    (e.g. a ``[1, L, H]`` batch of one) flattened over its leading dims."""
+    if input_embeds.dim() < 2:
+        raise KernelInputError(
+            f"input_embeds must be [tokens, hidden] (or [batch, length, hidden]), got shape {tuple(input_embeds.shape)}"
+        )
+    if not input_embeds.is_contiguous():
+        raise KernelInputError(
+            "input_embeds must be contiguous to be written in place; pass input_embeds.contiguous() and use the result"
+        )
+    return input_embeds if input_embeds.dim() == 2 else input_embeds.view(-1, input_embeds.shape[-1])
+
+
+def check_fused_rows(extends: Sequence[int], row_offsets: Sequence[int | None], total_rows: int) -> None:
+    """The requests must account for every row of ``input_embeds``: a request left out of
+    the list would otherwise have its text rows overwritten by the next request's rows."""
+    extends = [as_index(e, request=i, what="extend") for i, e in enumerate(extends)]
+    if all(r is None for r in row_offsets):
+        needed = sum(max(e, 0) for e in extends)
+        if needed != total_rows:
+            raise InvalidItemError(
+                f"input_embeds has {total_rows} rows but the requests' extend lengths add up to {needed};"
+                " pass every request of the forward batch (text-only ones too, with no items),"
+                " or give each RequestChunk its row_offset"
+            )
+        return
+    ranges, base = [], 0
+    for index, (extend, row) in enumerate(zip(extends, row_offsets)):
+        start = base if row is None else row
+        base = start + max(extend, 0) if row is not None else base + max(extend, 0)
+        if extend > 0:
+            if start < 0 or start + extend > total_rows:
+                raise InvalidItemError(
+                    f"request {index}: rows [{start}, {start + extend}) lie outside input_embeds' {total_rows} rows"
+                )
+            ranges.append((start, start + extend, index))
+    ranges.sort()
+    for (_, end_a, a), (start_b, _, b) in pairwise(ranges):
+        if start_b < end_a:
+            raise InvalidItemError(f"requests {a} and {b} claim the same rows of input_embeds")
 
 
 def merge_chunk(
     input_embeds: Any,
-    requests: Sequence[RequestChunk],
+    requests: Iterable[RequestChunk],
     encoders: Encoders,
     *,
     cache: EmbeddingCache | None = None,
     context: StepContext = DEFAULT_CONTEXT,
 ) -> StepResult:
     """Fused mode: write every needed row into ``input_embeds`` (in place) at the
-    placeholder's token row (``RequestChunk.row_offset`` + position - prefix)."""
-    from .kernels import merge_segments
+    placeholder's token row (``RequestChunk.row_offset`` + position - prefix).
 
-    def assemble(plan: StepPlan, tensors: list[Any]) -> Any:
-        segments = [(g.source, g.src_row, g.n_rows, g.token_row) for g in plan.segments]
-        return merge_segments(_common_dtype(tensors, input_embeds.dtype), segments, input_embeds)
+    ``input_embeds`` is ``[tokens, H]`` or ``[B, L, H]`` (flattened: row = b * L + l),
+    contiguous. ``result.embedding`` is ``input_embeds`` when rows were written, else None.
+    """
+    requests = as_requests(requests)
+    flat = embeddings_2d(input_embeds)
+    check_fused_rows([r.extend for r in requests], [r.row_offset for r in requests], flat.shape[0])
+    plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    expected = Expected(flat.shape[1], flat.device)
+    tensors = prepare_rows(plan, encoders, cache, expected)
+    written = None
+    if plan.n_rows:
+        if len(expected.dtypes) > 1:
+            tensors = one_dtype(tensors, flat.dtype)
+        copy_rows(plan, tensors, fused_table(plan), flat, cache)
+        written = input_embeds
+    acknowledge_hits(plan, context)
+    return StepResult(plan, written)
 
-    result = run_step(
-        requests, encoders, cache=cache, context=context, device=input_embeds.device, assemble=assemble
-    )
-    result.embedding = input_embeds
-    return result

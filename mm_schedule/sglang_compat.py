@@ -2,9 +2,14 @@
 
 Names, signatures and (for valid input) results match ``sglang.srt.managers.mm_schedule``
 of SGLang 0.5.19, so an engine can import these instead. Differences, all on bad input:
-a row-count mismatch raises ``EmbeddingLengthMismatch`` instead of cropping, and
-malformed offsets raise ``InvalidItemError``. Cross-request batching is used on every
-backend, ROCm included.
+a row-count mismatch raises ``EmbeddingLengthMismatch`` instead of cropping (also when
+``input_ids`` holds another number of placeholder tokens than there are rows),
+malformed items raise ``InvalidItemError``, bad encoder outputs ``EncoderOutputError``.
+Cross-request batching is used on every backend, ROCm included.
+
+Encoders: a bare callable gets SGLang's treatment, its miss items' features moved to
+``input_ids``' device first (replacing ``item.feature``); wrap it as
+``Encoder(fn, move_features=False)`` for an encoder that takes its inputs where they are.
 
 State SGLang keeps in module globals lives here too, for drop-in use: the cache
 (``embedding_cache``, rebound by ``init_mm_embedding_cache``; read it as a module
@@ -14,20 +19,24 @@ once with ``set_step_context`` instead of the scheduler reading a process-wide r
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .cache import EmbeddingCache
 from .context import StepContext
-from .plan import RequestChunk
-from .scheduler import embed_chunk
+from .errors import EmbeddingLengthMismatch
+from .placeholders import placeholder_mask
+from .planner import plan_columns
+from .scheduler import run_packed
 
 DataEmbeddingFunc = Callable[[list[Any]], Any]
 """Encoder: items -> one combined ``[tokens, H]`` tensor (any rank >= 2), or one tensor per item."""
 
 embedding_cache: EmbeddingCache | None = None
 _step_context = StepContext()
+_warned_uncached = False
 
 
 def init_mm_embedding_cache(max_size: int = 0) -> None:
@@ -78,13 +87,6 @@ def count_mm_tokens_in_extend(
     return total
 
 
-def placeholder_mask(input_ids: Any, placeholder_tensor: Any) -> Any:
-    """``[N, 1]`` bool: which ``input_ids`` are placeholders (no host sync)."""
-    from .kernels.embedding_merge import placeholder_mask as mask_1d
-
-    return mask_1d(input_ids.reshape(-1), placeholder_tensor).unsqueeze(-1)
-
-
 def get_embedding_and_mask(
     data_embedding_func: DataEmbeddingFunc,
     embedding_items: list[Any],
@@ -97,20 +99,40 @@ def get_embedding_and_mask(
 ) -> tuple[Any, Any, Any]:
     """Packed embedding rows of this chunk for one modality, the placeholder mask over
     ``input_ids``, and ``input_ids`` (unchanged). ``(None, None, input_ids)`` when the
-    chunk contains no placeholder of these items."""
-    n_requests = min(len(items_size) - 1, len(prefix_length))
-    requests = [
-        RequestChunk(
-            items=embedding_items[items_size[i] : items_size[i + 1]],
-            prefix=prefix_length[i],
-            extend=extend_length[i],
-            offsets=items_offset_list[i],
-        )
-        for i in range(n_requests)
-    ]
-    result = embed_chunk(
-        requests, data_embedding_func, cache=embedding_cache, context=_step_context, device=input_ids.device
+    chunk contains no placeholder of these items.
+
+    Hits are served from ``embedding_cache``; without ``init_mm_embedding_cache`` nothing
+    is cached (a warning says so, once)."""
+    cache = embedding_cache
+    if cache is None:
+        _warn_uncached()
+    items = embedding_items if isinstance(embedding_items, (list, tuple)) else list(embedding_items)
+    prefixes = list(prefix_length)
+    n = min(len(items_size) - 1, len(prefixes))
+    context = _step_context
+    plan = plan_columns(
+        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, list(extend_length),
+        list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
     )
+    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     if result.embedding is None:
         return None, None, input_ids
-    return result.embedding, placeholder_mask(input_ids, placeholder_tensor), input_ids
+    mask = placeholder_mask(input_ids, placeholder_tensor)
+    placeholders = int(mask.sum())
+    if placeholders != result.embedding.shape[0]:
+        raise EmbeddingLengthMismatch(
+            expected=placeholders, received=result.embedding.shape[0], what="embedding rows for the placeholder tokens"
+            " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
+        )
+    return result.embedding, mask, input_ids
+
+
+def _warn_uncached() -> None:
+    global _warned_uncached
+    if not _warned_uncached:
+        _warned_uncached = True
+        warnings.warn(
+            "get_embedding_and_mask: no embedding cache (init_mm_embedding_cache was not called),"
+            " so nothing is cached and every chunk encodes its items again",
+            stacklevel=3,
+        )

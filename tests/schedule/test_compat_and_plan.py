@@ -8,6 +8,7 @@ import torch
 import mm_schedule
 from mm_schedule import (
     EmbeddingCache,
+    Encoder,
     MMItem,
     ParallelContext,
     PerImageRequestInfo,
@@ -17,7 +18,6 @@ from mm_schedule import (
     merge_chunk,
     plan_step,
 )
-from mm_schedule.encode import encoder_moves_its_inputs
 from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, PrecomputedEmbeddingError
 
 from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
@@ -88,7 +88,7 @@ def test_planning_touches_no_tensor_and_skips_requests_outside_their_items():
     items = [MMItem(hash=1, offsets=[(10, 19)], feature=Untouchable())]
     cache = EmbeddingCache(1 << 20)
     plan = plan_step([RequestChunk(items=items, prefix=0, extend=10)], cache)
-    assert plan.sources == [] and plan.segments == [] and plan.encoder_batches == []
+    assert plan.sources == [] and plan.segments == [] and not plan.encoder_batches
     assert cache.stats().misses == 0  # not even a lookup
     enc = CountingEncoder()
     result = embed_chunk([RequestChunk(items=items, prefix=20, extend=5)], enc, cache=cache)
@@ -107,7 +107,7 @@ def test_segment_table_layout():
         (1, 0, 2, 2, 4),
         (0, 0, 4, 4, 6),
     ]
-    assert plan.encoder_batches == [("IMAGE", [0, 1])]
+    assert list(plan.encoder_batches) == [("IMAGE", (0, 1))]
 
 
 def test_token_budget_splits_encoder_calls():
@@ -203,22 +203,19 @@ class FakeFeature:
         return self
 
 
-def test_miss_features_are_moved_unless_the_encoder_moves_them():
+def test_features_are_moved_only_when_the_encoder_asks():
+    """Moving features is the encoder's own choice: a bare callable's items are never
+    touched; ``Encoder(fn, move_features=True)`` gets them moved to the step's device."""
     feat = FakeFeature()
     req = RequestChunk(items=[MMItem(hash=1, offsets=[(0, 1)], feature=feat)], prefix=0, extend=2)
     embed_chunk([req], CountingEncoder(), device=torch.device("cpu"))
-    assert feat.moved_to == (torch.device("cpu"), True)
+    assert feat.moved_to is None
 
-    class Qwen3VLForConditionalGeneration:
-        def get_image_feature(self, items):
-            return torch.cat([truth(it.hash, 2) for it in items])
-
-    fn = Qwen3VLForConditionalGeneration().get_image_feature
-    assert encoder_moves_its_inputs(fn)
     feat2 = FakeFeature()
     req2 = RequestChunk(items=[MMItem(hash=2, offsets=[(0, 1)], feature=feat2)], prefix=0, extend=2)
-    embed_chunk([req2], fn, device=torch.device("cpu"))
-    assert feat2.moved_to is None
+    embed_chunk([req2], Encoder(CountingEncoder(), move_features=True), device=torch.device("cpu"))
+    assert feat2.moved_to == (torch.device("cpu"), True)
+    assert req2.items[0].feature is feat2  # FakeFeature.to returns itself
 
 
 @pytest.mark.parametrize("n_ids", [0, 1, 3, 300])

@@ -1,0 +1,78 @@
+"""Which tokens of ``input_ids`` are placeholders: the mask SGLang's API returns.
+
+The ids are compared in the wider of the two dtypes, so an int64 pad value is never
+narrowed into a collision with an int32 token id. How, by the number of placeholder ids
+(SGLang passes one per item, so thousands in a large step):
+
+* a few: ``torch.isin``, which compares against each id directly;
+* many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
+  bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
+  fast as ``isin``, which sorts;
+* many, on a GPU: a sorted search (``isin`` would sort through ``unique`` and the table
+  would need its bucket depth on the host: both wait for the device).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InvalidItemError
+
+_FEW_IDS = 8  # isin compares directly below 10 * tokens**0.145 ids, which is >= 10
+_TABLE_SLOTS_PER_ID = 16  # sparse enough that buckets hold one or two ids
+_TABLE_MAX_DEPTH = 8  # deeper buckets (ids sharing their low bits): use isin instead
+
+
+def _integer(t: Any, what: str) -> None:
+    dtype = t.dtype
+    if dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool":
+        raise InvalidItemError(f"{what} must be an integer tensor, got {dtype}")
+
+
+def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
+    """``[N, 1]`` bool: which of the ``N`` tokens of ``input_ids`` is one of ``placeholder_ids``."""
+    import torch
+
+    ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
+    _integer(ids, "input_ids")
+    pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
+    _integer(pads, "placeholder ids")
+    if pads.dim() != 1:
+        pads = pads.reshape(-1)
+    if pads.device != ids.device:
+        pads = pads.to(ids.device, non_blocking=True)
+    if pads.dtype != ids.dtype:
+        common = torch.promote_types(ids.dtype, pads.dtype)
+        ids, pads = ids.to(common), pads.to(common)
+    n = pads.numel()
+    if n <= _FEW_IDS:
+        mask = torch.isin(ids, pads)
+    elif ids.device.type == "cpu":
+        mask = _table_lookup(ids, pads)
+    else:
+        pads = pads.sort().values
+        slot = torch.searchsorted(pads, ids).clamp_(max=n - 1)
+        mask = pads[slot] == ids
+    return mask.unsqueeze(-1)
+
+
+def _table_lookup(ids: Any, pads: Any) -> Any:
+    import torch
+
+    n = pads.numel()
+    size = 1 << (_TABLE_SLOTS_PER_ID * n - 1).bit_length()
+    bucket = pads & (size - 1)
+    order = bucket.argsort()
+    bucket = bucket[order]
+    depth = torch.arange(n) - torch.searchsorted(bucket, bucket)  # place within the bucket
+    rows = int(depth.max()) + 1
+    if rows > _TABLE_MAX_DEPTH:
+        return torch.isin(ids, pads)
+    # Empty slots hold a real placeholder id, so matching one is still a right answer.
+    table = pads[:1].expand(rows, size).clone()
+    table[depth, bucket] = pads[order]
+    slot = ids & (size - 1)
+    mask = table[0].index_select(0, slot) == ids
+    for row in table[1:]:
+        mask |= row.index_select(0, slot) == ids
+    return mask

@@ -1,0 +1,208 @@
+"""Checking every tensor a step will use, before anything is cached or assembled.
+
+What a step needs from every source: a floating tensor of rank >= 2 whose rows (all
+dims but the last) are the item's placeholder count, whose last dim is the step's
+hidden size, on the step's device, not a meta tensor. The hidden size comes from
+``input_embeds`` in fused mode and otherwise from the step's other sources (hits,
+precomputed embeddings, the first encoder output); the device from ``input_embeds``,
+the caller's ``device``, or else the first source. Encoder outputs that fail raise a
+typed error naming the request and the item hash; a step that raises has inserted
+nothing. Cached entries that fail are evicted before the error is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .encode import Encoder
+from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
+from .plan import HIT, PRECOMPUTED, StepPlan
+
+
+class Expected:
+    """The hidden size, device and source dtypes of a step, learned as sources are checked."""
+
+    __slots__ = ("device", "dtypes", "hidden")
+
+    def __init__(self, hidden: int | None, device: Any) -> None:
+        self.hidden = hidden
+        self.device = device
+        self.dtypes: set = set()
+
+
+def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
+    parts = []
+    for s in sources[:8]:
+        for item in plan.items_of(s):
+            parts.append(f"request {plan.requests[s]} item hash {_hash_of(item, plan.requests[s])}")
+    return ", ".join(parts[:8]) + (" ..." if len(parts) > 8 or len(sources) > 8 else "")
+
+
+def _hash_of(item: Any, request: int) -> Any:
+    return getattr(item, "hash", None)
+
+
+def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
+    """``t`` as a 2-D ``[rows, H]`` tensor if it is what the step needs, else ``EncoderOutputError``."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise EncoderOutputError(f"{where}: {what} is a {type(t).__name__}; expected a tensor")
+    if not t.is_floating_point():
+        raise EncoderOutputError(f"{where}: {what} has dtype {t.dtype}; embeddings must be floating point")
+    if t.is_meta:
+        raise EncoderOutputError(f"{where}: {what} is a meta tensor (it has no data)")
+    if t.dim() < 2:
+        raise EncoderOutputError(f"{where}: {what} must have rank >= 2 ([rows, hidden]), got shape {tuple(t.shape)}")
+    if expected.device is None:
+        expected.device = t.device
+    elif t.device != expected.device:
+        raise EncoderOutputError(
+            f"{where}: {what} is on {t.device}, the step runs on {expected.device}; return it on {expected.device}"
+        )
+    hidden = t.shape[-1]
+    if expected.hidden is None:
+        expected.hidden = hidden
+    elif hidden != expected.hidden:
+        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}")
+    expected.dtypes.add(t.dtype)
+    return t if t.dim() == 2 else t.reshape(-1, hidden)
+
+
+def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
+    """The step's source tensors with hits checked (and moved to the step's device when
+    the cache keeps them elsewhere); ``plan.tensors`` itself when nothing had to change.
+    A hit that cannot serve the step is evicted and raises ``CachedEmbeddingError``."""
+    tensors = plan.tensors
+    if HIT not in plan.kinds:
+        return tensors
+    layout = plan.cache_layout
+    if layout is not None:
+        hidden, dtype, device = layout
+        if _fits(hidden, dtype, expected) and (expected.device is None or device == expected.device):
+            _learn(expected, hidden, dtype, device)
+            return tensors
+    tensors = list(tensors)
+    for i, kind in enumerate(plan.kinds):
+        if kind is not HIT:
+            continue
+        t = tensors[i]
+        hidden, dtype, device = t.shape[1], t.dtype, t.device
+        if not _fits(hidden, dtype, expected) or device.type == "meta":
+            if cache is not None:
+                cache.discard(plan.keys[i])
+            want = f"hidden size {expected.hidden}" if expected.hidden is not None else "a floating dtype"
+            raise CachedEmbeddingError(
+                f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype}"
+                f" on {device}, the step needs {want}; the entry was evicted and will be encoded again"
+            )
+        if expected.device is not None and device != expected.device:
+            tensors[i] = t.to(expected.device, non_blocking=True)
+        _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
+    return tensors
+
+
+def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
+    return dtype.is_floating_point and (expected.hidden is None or hidden == expected.hidden)
+
+
+def _learn(expected: Expected, hidden: int, dtype: Any, device: Any) -> None:
+    if expected.hidden is None:
+        expected.hidden = hidden
+    if expected.device is None:
+        expected.device = device
+    expected.dtypes.add(dtype)
+
+
+def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) -> None:
+    """Precomputed embeddings: same checks as encoder outputs (they may live elsewhere:
+    they are moved to the step's device, and never cached)."""
+    for i, kind in enumerate(plan.kinds):
+        if kind is not PRECOMPUTED:
+            continue
+        where = _labels(plan, [i])
+        t = tensors[i]
+        device = expected.device
+        if device is not None and getattr(t, "device", device) != device and hasattr(t, "to"):
+            t = t.to(device, non_blocking=True)
+        flat = check_tensor(t, expected, where, "the precomputed embedding")
+        if flat.shape[0] != plan.rows[i]:
+            raise EmbeddingLengthMismatch(
+                expected=plan.rows[i], received=flat.shape[0], request=plan.requests[i],
+                item_hash=_hash_of(plan.first_items[i], plan.requests[i]), what="precomputed embedding rows",
+            )
+        tensors[i] = flat if flat.is_contiguous() else flat.contiguous()
+
+
+def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensors: list[Any],
+                  expected: Expected) -> list[int]:
+    """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
+    Returns the sources that were encoded. Raises before the caller inserts anything."""
+    import torch
+
+    encoded = []
+    for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
+        whole = len(batch) == 1 and batch[0] in plan.multi_items
+        item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]
+        if not isinstance(output, (torch.Tensor, list, tuple)) and hasattr(output, "embedding"):
+            output = output.embedding
+        if isinstance(output, (list, tuple)):
+            pieces = _check_list(plan, batch, whole, output, item_rows, expected)
+            if whole:
+                pieces = [pieces[0] if len(pieces) == 1 else torch.cat(pieces)]
+        elif isinstance(output, torch.Tensor):
+            pieces = _check_combined(plan, batch, whole, output, item_rows, expected)
+        else:
+            raise EncoderOutputError(
+                f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
+            )
+        for s, piece in zip(batch, pieces):
+            if encoder.copy_outputs and _owns(piece):
+                piece = piece.clone()
+            tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
+        encoded.extend(batch)
+    return encoded
+
+
+def _owns(t: Any) -> bool:
+    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
+    if len(output) != len(item_rows):
+        raise EmbeddingLengthMismatch(
+            expected=len(item_rows), received=len(output), request=plan.requests[batch[0]],
+            what="encoder outputs (one tensor per item)", hint=f"items: {_labels(plan, batch)}",
+        )
+    items = [item for s in batch for item in plan.items_of(s)] if whole else [plan.first_items[s] for s in batch]
+    requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
+    pieces = []
+    for t, rows, item, request in zip(output, item_rows, items, requests):
+        item_hash = _hash_of(item, request)
+        flat = check_tensor(t, expected, f"request {request}, item hash {item_hash}", "the encoder output")
+        if flat.shape[0] != rows:
+            raise EmbeddingLengthMismatch(
+                expected=rows, received=flat.shape[0], request=request, item_hash=item_hash,
+                what="encoder rows for the item",
+            )
+        pieces.append(flat)
+    return pieces
+
+
+def _check_combined(plan, batch, whole, output, item_rows, expected) -> list[Any]:
+    one = len(item_rows) == 1
+    request = plan.requests[batch[0]]
+    item_hash = _hash_of(plan.first_items[batch[0]], request) if one else None
+    where = f"request {request}, item hash {item_hash}" if one else _labels(plan, batch)
+    flat = check_tensor(output, expected, where, "the encoder output")
+    total = sum(item_rows)
+    if flat.shape[0] != total:
+        raise EmbeddingLengthMismatch(
+            expected=total, received=flat.shape[0], request=request, item_hash=item_hash,
+            what="encoder rows" if one else f"encoder rows for a batch of {len(item_rows)} items",
+            hint="" if one else f"expected per item {item_rows[:8]} for {_labels(plan, batch)}",
+        )
+    if whole or one:
+        return [flat]
+    return list(flat.split(item_rows))
