@@ -78,7 +78,7 @@ def test_the_transformers_glue_is_at_most_ten_lines():
 
 
 @pytest.mark.parametrize("setup, code", snippets())
-def test_snippet_runs(setup, code, capsys):
+def test_snippet_runs(setup, code):
     assert setup in SETUPS, f"unknown test-setup {setup!r}"
     namespace = SETUPS[setup]()
     exec(compile(code, f"<snippet {setup}>", "exec"), namespace)
