@@ -151,15 +151,22 @@ def test_same_pixels_under_another_grid_are_another_image():
     assert not torch.allclose(want_x, want_y)
 
 
-def test_encoder_leaves_item_pixels_alone():
+def test_encoder_leaves_item_pixels_alone(monkeypatch):
+    """The scheduler must not move the adapter's items to the device (it would replace
+    each item's host pixels with a device copy): the adapter copies its batch itself."""
+    import mm_schedule.encode
+
+    moved = []
+    monkeypatch.setattr(mm_schedule.encode, "move_features_to", lambda items, device: moved.append(items))
     vlm = TinyVLM("qwen2_vl")
     gen = torch.Generator().manual_seed(2)
-    inputs = vlm.prompt([3, vlm.image(gen), 3], gen)
+    inputs = vlm.prompt([3, vlm.image(gen), 3, vlm.image(gen, (1, 2, 4)), 1], gen)
     adapter = VisionAdapter(vlm.model, model_id="m")
     items = adapter.items(inputs)
     before = [(it.feature, it.feature.clone()) for it in items]
     n = inputs["input_ids"].shape[1]
     merge_chunk(adapter.embed_text(inputs["input_ids"][0]), [RequestChunk(items, 0, n)], adapter)
+    assert adapter.calls == 1 and moved == []
     for item, (same, copy) in zip(items, before):
         assert item.feature is same and torch.equal(item.feature, copy)
 
