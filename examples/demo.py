@@ -91,12 +91,13 @@ def serve(vlm: TinyVLM) -> bool:
         names = ", ".join(f"{it.modality.lower()} {it.offsets[0][0]}..{it.offsets[0][1]}" for it in r.items)
         joins = f", joins at step {r.arrives}" if r.arrives > 1 else ""
         print(f"  {r.name}: {r.length} tokens{joins}; {names}")
+    positions = {r.name: vlm.forward_kwargs(r.inputs).get("position_ids") for r in requests}
     cache, per_request_cache = EmbeddingCache(16 << 20), EmbeddingCache(16 << 20)
     print(f"\n  {'step':<5}{'windows':<52}{'calls':>6}{'items':>6}{'hits':>6}{'rows':>6}{'per-request calls':>19}")
     ok, step, seen = True, 1, set()
     while plan := schedule(requests, step, CHUNK):
         pieces, report, _ = batched_step(adapter, cache, plan)
-        _, per_request_calls, _ = per_request_step(adapter, per_request_cache, plan)
+        theirs, per_request_calls, _ = per_request_step(adapter, per_request_cache, plan)
         windows = " ".join(f"{r.name}[{p},{p + e})" for r, p, e in plan)
         got = (report.encoder_calls, report.items_encoded, report.cache_hits, report.rows)
         want = expected_counts(plan, seen)
@@ -104,9 +105,12 @@ def serve(vlm: TinyVLM) -> bool:
         if got != want:
             ok = False
             print(f"  FAIL step {step}: (calls, items, hits, rows) = {got}, expected {want}")
+        if not all(torch.equal(a, b) for a, b in zip(pieces, theirs)):
+            ok = False
+            print(f"  FAIL step {step}: the per-request path assembled different rows")
         for (r, p, e), embeds in zip(plan, pieces):
             r.embeds.append(embeds)
-            decode_chunk(model, r, embeds, p, vlm.forward_kwargs(r.inputs).get("position_ids"))
+            decode_chunk(model, r, embeds, p, positions[r.name])
             r.prefilled += e
         step += 1
     print()
