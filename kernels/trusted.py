@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import torch
+
 from .backend import interpreter_enabled, requested_backend, triton_available
 
 
@@ -65,8 +67,6 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
     into views of ``dst`` (the fused layout, rows between placeholders left alone).
     Whole sources are passed as they are; only partial ones are sliced."""
-    import torch
-
     views = []
     append = views.append
     first = expected = segments[0][3]
@@ -85,13 +85,20 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     if not ascending:
         order = sorted(order, key=lambda i: segments[i][3])
         views = [views[i] for i in order]
-    # Views of dst cut at every segment boundary; the odd ones are the segments.
-    sizes, position = [], 0
-    for i in order:
-        _, _, n, d = segments[i]
-        sizes.append(d - position)
-        sizes.append(n)
-        position = d + n
-    sizes.append(dst.shape[0] - position)
-    torch._foreach_copy_(list(dst.split(sizes)[1::2]), views)
+    # Views of dst cut at every segment boundary (the odd ones are the segments), a group
+    # at a time: a few hundred live views never set off a garbage collection.
+    rows = [segments[i][3] for i in order]
+    counts = [segments[i][2] for i in order]
+    for start in range(0, len(rows), _VIEWS_PER_GROUP):
+        stop = min(start + _VIEWS_PER_GROUP, len(rows))
+        base = rows[start]
+        sizes, position = [], base
+        for d, n in zip(rows[start:stop], counts[start:stop]):
+            sizes.append(d - position)
+            sizes.append(n)
+            position = d + n
+        torch._foreach_copy_(list(dst[base:position].split(sizes)[1::2]), views[start:stop])
     return dst
+
+
+_VIEWS_PER_GROUP = 256

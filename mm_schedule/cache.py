@@ -76,10 +76,12 @@ def _entry(tensor: Any, value: Any) -> tuple:
         tensor = tensor.detach()
     if tensor.dim() != 2:
         tensor = tensor.reshape(-1, tensor.shape[-1])
-    if not owns_storage(tensor):
-        tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
     rows, hidden = tensor.shape
-    return tensor, rows, tensor.untyped_storage().nbytes(), value, (hidden, tensor.dtype, tensor.device)
+    size = tensor.untyped_storage().nbytes()
+    if size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
+        tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
+        size = tensor.untyped_storage().nbytes()
+    return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device)
 
 
 class EmbeddingCache:

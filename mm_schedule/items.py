@@ -31,17 +31,18 @@ class MMItem:
     model_specific_data: dict = field(default_factory=dict)
 
 
-_MODALITY_NAMES: dict[Any, str] = {}
+# Modality objects already named by modality_name (read directly by the flat planner).
+KNOWN_MODALITIES: dict[Any, str] = {}
 
 
 def modality_name(modality: Any) -> str:
     """``Modality.IMAGE`` (an enum), ``"image"`` and ``"IMAGE"`` all name the same modality."""
     try:
-        return _MODALITY_NAMES[modality]
+        return KNOWN_MODALITIES[modality]
     except (KeyError, TypeError):
         name = str(getattr(modality, "name", modality)).upper()
         try:
-            _MODALITY_NAMES[modality] = name
+            KNOWN_MODALITIES[modality] = name
         except TypeError:  # unhashable: named each time
             pass
         return name

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .errors import InvalidItemError
 
 _FEW_IDS = 8  # isin compares directly below 10 * tokens**0.145 ids, which is >= 10
@@ -25,29 +27,24 @@ _TABLE_MAX_DEPTH = 8  # deeper buckets (ids sharing their low bits): use isin in
 
 def _integer(t: Any, what: str) -> None:
     dtype = t.dtype
-    if dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool":
+    if dtype.is_floating_point or dtype.is_complex or dtype is torch.bool:
         raise InvalidItemError(f"{what} must be an integer tensor, got {dtype}")
 
 
 def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
     """``[N, 1]`` bool: which of the ``N`` tokens of ``input_ids`` is one of ``placeholder_ids``."""
-    import torch
-
     ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
-    _integer(ids, "input_ids")
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
-    _integer(pads, "placeholder ids")
-    if pads.dim() != 1:
-        pads = pads.reshape(-1)
-    if pads.device != ids.device:
-        pads = pads.to(ids.device, non_blocking=True)
-    if pads.dtype != ids.dtype:
+    _integer(ids, "input_ids")
+    if pads.dtype is not ids.dtype or pads.device != ids.device or pads.dim() != 1:
+        _integer(pads, "placeholder ids")
+        pads = pads.reshape(-1).to(ids.device, non_blocking=True)
         common = torch.promote_types(ids.dtype, pads.dtype)
         ids, pads = ids.to(common), pads.to(common)
     n = pads.numel()
     if n <= _FEW_IDS:
-        mask = torch.isin(ids, pads)
-    elif ids.device.type == "cpu":
+        return torch.isin(ids.view(-1, 1), pads)  # already [N, 1]
+    if ids.device.type == "cpu":
         mask = _table_lookup(ids, pads)
     else:
         pads = pads.sort().values
@@ -57,8 +54,6 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
-    import torch
-
     n = pads.numel()
     size = 1 << (_TABLE_SLOTS_PER_ID * n - 1).bit_length()
     bucket = pads & (size - 1)

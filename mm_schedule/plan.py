@@ -103,7 +103,9 @@ class StepPlan(NamedTuple):
     Segments: ``seg_source``, ``seg_src_row``, ``seg_rows``, ``seg_packed_row``,
     ``seg_token_row``, ``seg_request``.
     ``encoder_batches``: ``(modality, source indices)`` per encoder call, in call order.
-    ``hit_items``: every request's item served from the cache (each occurrence once).
+    ``use_source``/``use_item``: each request's use of a source (the item(s) it gives);
+    ``hit_items`` lists the items of the uses served from the cache.
+    ``token_budget``: the encoder-call token cap the batches were cut with.
     ``n_rows``: rows of the packed layout; ``n_tokens``: extend tokens of all requests.
     ``cache_layout``: ``(hidden, dtype, device)`` shared by every cache entry at lookup
     time (None when they differ or nothing was looked up).
@@ -128,10 +130,36 @@ class StepPlan(NamedTuple):
     seg_token_row: Sequence[int]
     seg_request: Sequence[int]
     encoder_batches: Sequence[tuple[str, tuple[int, ...]]]
-    hit_items: Sequence[Any]
+    use_source: Sequence[int]
+    use_item: Sequence[Any]
     n_rows: int
     n_tokens: int
     cache_layout: tuple | None = None
+    token_budget: int | None = None
+
+    @property
+    def hit_items(self) -> list[Any]:
+        """Every request's item served from the cache, each use once (whole-request
+        sources contribute all their items)."""
+        kinds = self.kinds
+        items = []
+        for source, item in zip(self.use_source, self.use_item):
+            if kinds[source] is HIT:
+                if type(item) is tuple:
+                    items.extend(item)
+                else:
+                    items.append(item)
+        return items
+
+    def with_misses(self, sources: Iterable[int]) -> StepPlan:
+        """This plan with the given hit sources turned into misses, encoder batches cut
+        again. For ranks that must agree: a source one rank missed is encoded by all."""
+        kinds, tensors = list(self.kinds), list(self.tensors)
+        for s in sources:
+            if kinds[s] is HIT:
+                kinds[s], tensors[s] = MISS, None
+        batches = batch_misses(kinds, self.rows, self.modalities, self.multi_items, self.token_budget)
+        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=None)
 
     # -- derived views (for inspection; the step itself reads the columns) --------------
     @property

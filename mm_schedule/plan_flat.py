@@ -9,6 +9,7 @@ cache*, and the general planner plans the step from scratch, with its error mess
 
 from __future__ import annotations
 
+from .items import KNOWN_MODALITIES as names
 from .items import modality_name
 from .keys import item_key
 from .plan import HIT, MISS, StepPlan, batch_misses
@@ -28,6 +29,13 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     seg_request: list[int] = []
     seg_item: list = []
     source_of: dict[int, int] = {}
+    # Bound once: the loop below runs per item and every attribute lookup shows.
+    add_key, add_rows, add_request, add_modality, add_first = (
+        keys.append, rows.append, requests.append, modalities.append, first_items.append)
+    add_source, add_src_row, add_seg_rows, add_packed, add_token, add_item = (
+        seg_source.append, seg_src_row.append, seg_rows.append, seg_packed_row.append, seg_token_row.append,
+        seg_item.append)
+    find = source_of.get
     packed = token_base = 0
     try:
         for r in range(len(item_lists)):
@@ -52,13 +60,14 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
             end = prefix + extend
             prev_end = -1
             k = 0
+            first_segment = len(seg_source)
             for item in items:
                 if item.precomputed_embeddings is not None:
                     return None
                 offsets = item.offsets
-                if (type(offsets) is not list and type(offsets) is not tuple) or len(offsets) != 1:
+                if type(offsets) is not list and type(offsets) is not tuple:
                     return None
-                s, e = offsets[0]
+                ((s, e),) = offsets  # more or fewer than one span: ValueError, general planner
                 if type(s) is not int or type(e) is not int or s <= prev_end or e < s:
                     return None
                 if given is not None:
@@ -73,27 +82,28 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                 if type(h) is not int:
                     h = item_key(h, r)
                 n = e - s + 1
-                source = source_of.get(h)
+                source = find(h)
                 if source is None:
                     source = source_of[h] = len(keys)
-                    keys.append(h)
-                    rows.append(n)
-                    requests.append(r)
-                    modalities.append(modality_name(item.modality))
-                    first_items.append(item)
+                    add_key(h)
+                    add_rows(n)
+                    add_request(r)
+                    m = item.modality
+                    add_modality(names[m] if m in names else modality_name(m))
+                    add_first(item)
                 elif rows[source] != n:
                     return None  # one hash, two lengths: the general planner keeps them apart
                 lo = s if s > prefix else prefix
                 hi = e if e < end else end - 1
                 n = hi - lo + 1
-                seg_source.append(source)
-                seg_src_row.append(lo - s)
-                seg_rows.append(n)
-                seg_packed_row.append(packed)
-                seg_token_row.append(row_offset + lo - prefix)
-                seg_request.append(r)
-                seg_item.append(item)
+                add_source(source)
+                add_src_row(lo - s)
+                add_seg_rows(n)
+                add_packed(packed)
+                add_token(row_offset + lo - prefix)
+                add_item(item)
                 packed += n
+            seg_request += [r] * (len(seg_source) - first_segment)
     except (AttributeError, TypeError, ValueError):
         return None  # not the flat shape, or malformed: the general planner says which
 
@@ -101,14 +111,12 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     if cache is not None and keys:
         tensors, layout = cache.lookup_many(keys, rows)
         kinds = [MISS if t is None else HIT for t in tensors]
-        hit_items = [item for source, item in zip(seg_source, seg_item) if tensors[source] is not None]
     else:
         tensors = [None] * len(keys)
         kinds = [MISS] * len(keys)
-        hit_items = []
     return StepPlan(
         kinds, keys, rows, requests, modalities, tensors, first_items, {},
         seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
         batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
-        hit_items, packed, token_base, layout,
+        seg_source, seg_item, packed, token_base, layout, budget,
     )

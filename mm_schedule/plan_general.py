@@ -48,9 +48,8 @@ class _Columns:
         self.tensors: list = []
         self.first_items: list = []
         self.multi_items: dict[int, tuple[tuple, tuple]] = {}
-        self.whole_request: list[int] = []
         self.by_identity: dict[tuple, int] = {}
-        self.uses: list[tuple[int, tuple]] = []  # (source, items) per request that uses it
+        self.uses: list[tuple[int, Any]] = []  # (source, item or tuple of items) per request use
 
 
 def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, budget) -> StepPlan:
@@ -70,10 +69,6 @@ def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cach
             _add_request(cols, segments, index, items, offsets_lists[index], prefix, extend, row_offset, precomputed)
 
     found, layout = _lookup(cols, cache)
-    hit_items = []
-    for source, items in cols.uses:
-        if found[source] is not None:
-            hit_items.extend(items)
     for source, tensor in enumerate(found):
         if tensor is not None:
             cols.kinds[source], cols.tensors[source] = HIT, tensor
@@ -88,8 +83,9 @@ def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cach
         seg_source=[s[0] for s in segments], seg_src_row=[s[1] for s in segments],
         seg_rows=[s[2] for s in segments], seg_packed_row=packed,
         seg_token_row=[s[3] for s in segments], seg_request=[s[4] for s in segments],
-        encoder_batches=batch_misses(cols.kinds, cols.rows, cols.modalities, cols.whole_request, budget),
-        hit_items=hit_items, n_rows=n_rows, n_tokens=token_base, cache_layout=layout,
+        encoder_batches=batch_misses(cols.kinds, cols.rows, cols.modalities, cols.multi_items, budget),
+        use_source=[u[0] for u in cols.uses], use_item=[u[1] for u in cols.uses],
+        n_rows=n_rows, n_tokens=token_base, cache_layout=layout, token_budget=budget,
     )
 
 
@@ -153,7 +149,7 @@ def _add_unit(cols, pieces, index, modality, items, spans_per_item, window, prec
     if not any(overlaps):
         return  # this chunk needs nothing from these items: no lookup, no encode
     source = _source(cols, index, modality, items, spans_per_item, precomputed)
-    cols.uses.append((source, tuple(items)))
+    cols.uses.append((source, items[0] if len(items) == 1 else tuple(items)))
     rows_before = 0
     for (s, e), overlap in zip(spans, overlaps):
         if overlap is not None:
@@ -185,5 +181,4 @@ def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
     cols.first_items.append(items[0])
     if not per_item:
         cols.multi_items[source] = (tuple(items), item_rows)
-        cols.whole_request.append(source)
     return source

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+import torch
+
 from .assemble import copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
@@ -113,7 +115,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
-    if plan.hit_items and context.on_cache_hit is not None:
+    if context.on_cache_hit is not None and HIT in plan.kinds:
         context.on_cache_hit(plan.hit_items, context.parallel)
 
 
@@ -144,14 +146,10 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
 
 
 def _empty(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
-    import torch
-
     return torch.empty((rows, hidden), dtype=dtype, device=device)
 
 
 def _promoted(dtypes: set) -> Any:
-    import torch
-
     result = None
     for d in dtypes:
         result = d if result is None else torch.promote_types(result, d)
@@ -249,8 +247,16 @@ def merge_chunk(
     flat = embeddings_2d(input_embeds)
     check_fused_rows([r.extend for r in requests], [r.row_offset for r in requests], flat.shape[0])
     plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    return run_fused(plan, input_embeds, encoders, cache, context)
+
+
+def run_fused(plan: StepPlan, input_embeds: Any, encoders: Encoders, cache: EmbeddingCache | None,
+              context: StepContext, *, move_features: bool = False) -> StepResult:
+    """Phases 3-7 in fused mode for an already planned step (its rows already checked
+    against ``input_embeds`` by ``check_fused_rows``)."""
+    flat = embeddings_2d(input_embeds)
     expected = Expected(flat.shape[1], flat.device)
-    tensors = prepare_rows(plan, encoders, cache, expected)
+    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features)
     written = None
     if plan.n_rows:
         if len(expected.dtypes) > 1:
@@ -259,4 +265,3 @@ def merge_chunk(
         written = input_embeds
     acknowledge_hits(plan, context)
     return StepResult(plan, written)
-

@@ -106,25 +106,32 @@ def get_embedding_and_mask(
     cache = embedding_cache
     if cache is None:
         _warn_uncached()
-    items = embedding_items if isinstance(embedding_items, (list, tuple)) else list(embedding_items)
-    prefixes = list(prefix_length)
+    items = _as_list(embedding_items)
+    prefixes = _as_list(prefix_length)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
     plan = plan_columns(
-        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, list(extend_length),
-        list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
+        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, _as_list(extend_length),
+        _as_list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
     )
-    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
-    if result.embedding is None:
+    if not plan.n_rows:
         return None, None, input_ids
+    # Checked before anything is encoded or cached: a prompt whose placeholder tokens and
+    # item offsets disagree would otherwise pair rows with the wrong tokens downstream.
     mask = placeholder_mask(input_ids, placeholder_tensor)
-    placeholders = int(mask.sum())
-    if placeholders != result.embedding.shape[0]:
+    placeholders = int(mask.count_nonzero())
+    if placeholders != plan.n_rows:
         raise EmbeddingLengthMismatch(
-            expected=placeholders, received=result.embedding.shape[0], what="embedding rows for the placeholder tokens"
+            expected=placeholders, received=plan.n_rows, what="embedding rows for the placeholder tokens"
             " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
         )
+    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
+
+
+def _as_list(values: Any) -> list | tuple:
+    """``values`` as a sequence; any other iterable is read once, so a generator loses nothing."""
+    return values if type(values) is list or type(values) is tuple else list(values)
 
 
 def _warn_uncached() -> None:

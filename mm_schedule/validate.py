@@ -12,9 +12,13 @@ nothing. Cached entries that fail are evicted before the error is raised.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
+from .cache import owns_storage
 from .encode import Encoder
 from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
 from .plan import HIT, PRECOMPUTED, StepPlan
@@ -23,12 +27,16 @@ from .plan import HIT, PRECOMPUTED, StepPlan
 class Expected:
     """The hidden size, device and source dtypes of a step, learned as sources are checked."""
 
-    __slots__ = ("device", "dtypes", "hidden")
+    __slots__ = ("device", "dtypes", "hidden", "hits_set_hidden")
 
     def __init__(self, hidden: int | None, device: Any) -> None:
         self.hidden = hidden
         self.device = device
         self.dtypes: set = set()
+        # When cached entries fixed the hidden size, an encoder output that disagrees may
+        # be right and the entries stale (a model change): this evicts them before the
+        # error is raised, so a stale cache cannot fail every later step.
+        self.hits_set_hidden: Any = None
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -45,8 +53,6 @@ def _hash_of(item: Any, request: int) -> Any:
 
 def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     """``t`` as a 2-D ``[rows, H]`` tensor if it is what the step needs, else ``EncoderOutputError``."""
-    import torch
-
     if not isinstance(t, torch.Tensor):
         raise EncoderOutputError(f"{where}: {what} is a {type(t).__name__}; expected a tensor")
     if not t.is_floating_point():
@@ -65,8 +71,14 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     if expected.hidden is None:
         expected.hidden = hidden
     elif hidden != expected.hidden:
-        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}")
+        note = ""
+        if expected.hits_set_hidden is not None:
+            expected.hits_set_hidden()
+            note = " (the hidden size of this step's cached entries, which were evicted)"
+        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
     expected.dtypes.add(t.dtype)
+    if t.requires_grad:
+        t = t.detach()  # inference path: the cache must never keep an autograd graph alive
     return t if t.dim() == 2 else t.reshape(-1, hidden)
 
 
@@ -77,6 +89,8 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     tensors = plan.tensors
     if HIT not in plan.kinds:
         return tensors
+    if expected.hidden is None and cache is not None:
+        expected.hits_set_hidden = lambda: _evict_hits(plan, cache)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
@@ -101,6 +115,12 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
             tensors[i] = t.to(expected.device, non_blocking=True)
         _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
+
+
+def _evict_hits(plan: StepPlan, cache: Any) -> None:
+    for key, kind in zip(plan.keys, plan.kinds):
+        if kind is HIT:
+            cache.discard(key)
 
 
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
@@ -139,8 +159,6 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                   expected: Expected) -> list[int]:
     """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
     Returns the sources that were encoded. Raises before the caller inserts anything."""
-    import torch
-
     encoded = []
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
@@ -158,15 +176,11 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         for s, piece in zip(batch, pieces):
-            if encoder.copy_outputs and _owns(piece):
+            if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
         encoded.extend(batch)
     return encoded
-
-
-def _owns(t: Any) -> bool:
-    return t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
 def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
@@ -175,6 +189,12 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
             expected=len(item_rows), received=len(output), request=plan.requests[batch[0]],
             what="encoder outputs (one tensor per item)", hint=f"items: {_labels(plan, batch)}",
         )
+    if expected.hidden is None:
+        # Nothing else fixes the hidden size: the outputs' most common one does, so the
+        # odd output is the one named.
+        sizes = Counter(t.shape[-1] for t in output if getattr(t, "ndim", 0) >= 2)
+        if sizes:
+            expected.hidden = sizes.most_common(1)[0][0]
     items = [item for s in batch for item in plan.items_of(s)] if whole else [plan.first_items[s] for s in batch]
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []

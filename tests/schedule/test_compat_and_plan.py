@@ -227,3 +227,23 @@ def test_placeholder_mask_matches_isin(n_ids):
     mask = mm_schedule.placeholder_mask(input_ids, ids)
     assert mask.shape == (input_ids.numel(), 1)
     assert torch.equal(mask[:, 0], torch.isin(input_ids, ids))
+
+
+def test_with_misses_re_encodes_hits_another_rank_missed():
+    """The seam for ranks agreeing on misses: a hit turned into a miss is encoded again,
+    batched with the other misses, and is no longer acknowledged as a hit."""
+    cache = EmbeddingCache(1 << 20)
+    shared = image(1, 0, 3)
+    embed_chunk([RequestChunk(items=[shared], prefix=0, extend=3)], CountingEncoder(), cache=cache)
+    reqs = [RequestChunk(items=[shared, image(2, 4, 2)], prefix=0, extend=6)]
+    plan = plan_step(reqs, cache, max_tokens_per_encoder_call=100)
+    assert [s.status for s in plan.sources] == [mm_schedule.SourceKind.HIT, mm_schedule.SourceKind.MISS]
+    assert plan.hit_items == [shared]
+    agreed = plan.with_misses([0])
+    assert list(agreed.encoder_batches) == [("IMAGE", (0, 1))] and agreed.hit_items == []
+    assert plan.kinds[0] is mm_schedule.SourceKind.HIT  # the original plan is unchanged
+    from mm_schedule.scheduler import run_packed
+
+    enc = CountingEncoder()
+    got = run_packed(agreed, enc, cache, StepContext()).embedding
+    assert enc.calls == [[1, 2]] and torch.equal(got, naive_reference(reqs))

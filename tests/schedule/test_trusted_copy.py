@@ -55,3 +55,24 @@ def test_empty_table_leaves_destination_alone():
     dst = torch.full((3, 4), 7.0)
     assert copy_segments([], [], dst) is dst
     assert torch.equal(dst, torch.full((3, 4), 7.0))
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_many_scattered_segments(shuffled):
+    """More segments than one group of destination views, with text rows between them."""
+    rng = random.Random(f"many {shuffled}")
+    sources = [torch.randn(rng.randint(1, 4), 4) for _ in range(700)]
+    segments, row = [], 0
+    for s, src in enumerate(sources):
+        r = rng.randrange(src.shape[0])
+        n = rng.randint(1, src.shape[0] - r)
+        segments.append((s, r, n, row))
+        row += n + rng.randint(0, 2)
+    if shuffled:
+        rng.shuffle(segments)
+    dst = torch.full((row + 1, 4), float("nan"))
+    want = dst.clone()
+    for s, r, n, d in segments:
+        want[d : d + n] = sources[s][r : r + n]
+    copy_segments(sources, segments, dst)
+    assert torch.equal(dst.nan_to_num(), want.nan_to_num()) and torch.equal(dst.isnan(), want.isnan())

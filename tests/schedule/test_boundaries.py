@@ -1,0 +1,303 @@
+"""No silent wrong answer at the API's edges: hash types, iterables, fused row layout,
+placeholder counts, placeholder id widths, acknowledgements, reused encoder buffers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import mm_schedule
+from mm_schedule import (
+    EmbeddingCache,
+    Encoder,
+    MMItem,
+    RequestChunk,
+    StepContext,
+    embed_chunk,
+    get_embedding_and_mask,
+    item_key,
+    merge_chunk,
+    placeholder_mask,
+)
+from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError
+
+from .conftest import BACKENDS
+from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
+
+# Every test that runs a step runs it on both assembly backends.
+STEP = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+
+# -- item hashes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [1.2, 1.7, True, None, object(), [1]])
+@STEP
+def test_unsupported_hashes_are_refused(backend, bad):
+    req = RequestChunk(items=[MMItem(hash=bad, offsets=[(0, 2)], feature=torch.zeros(1))], prefix=0, extend=3)
+    with pytest.raises(InvalidItemError, match="request 0"):
+        embed_chunk([req], CountingEncoder())
+
+
+class IndexLike:
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+def test_int_like_hashes_key_by_their_value():
+    assert item_key(IndexLike(12345), 0) == 12345
+    assert item_key(-7, 0) == -7 and item_key(2**70, 0) == 2**70
+
+
+def test_bytes_and_str_hashes_are_stable_across_processes():
+    code = "from mm_schedule import item_key; print(item_key(b'pixels', 0), item_key('pixels', 0))"
+    outs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                check=True).stdout)
+    assert len(outs) == 1
+    a, b = (int(v) for v in outs.pop().split())
+    assert a == b == item_key(b"pixels", 0) != item_key(b"pixels!", 0)
+
+
+@STEP
+def test_str_hashed_items_hit_the_cache(backend):
+    cache = EmbeddingCache(1 << 20)
+    enc = CountingEncoder(as_list=True)
+
+    def items():
+        return [MMItem(hash="image-a", offsets=[(0, 2)], feature=torch.zeros(1))]
+
+    first = embed_chunk([RequestChunk(items=items(), prefix=0, extend=3)], lambda its: [truth(1, 3)], cache=cache)
+    again = embed_chunk([RequestChunk(items=items(), prefix=0, extend=3)], enc, cache=cache)
+    assert enc.calls == [] and torch.equal(first.embedding, again.embedding)
+
+
+# -- iterables ----------------------------------------------------------------------------
+
+
+@STEP
+def test_generators_lose_no_rows(backend):
+    def reqs():
+        yield RequestChunk(items=(image(h, 4 * i, 3) for i, h in enumerate((1, 2))), prefix=0, extend=9)
+        yield RequestChunk(items=iter([image(3, 1, 2)]), prefix=0, extend=4, offsets=iter([(1, 2)]))
+
+    want = naive_reference(list(reqs()))
+    assert want.shape[0] == 8
+    assert torch.equal(embed_chunk(reqs(), CountingEncoder()).embedding, want)
+    embeds = torch.full((13, HIDDEN), float("nan"))
+    merge_chunk(embeds, reqs(), CountingEncoder())
+    assert torch.equal(embeds[[0, 1, 2, 4, 5, 6, 10, 11]], want)
+
+
+@STEP
+def test_compat_takes_items_as_a_generator(backend):
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    items = [MMItem(hash=40 + i, offsets=[(2 * i, 2 * i + 1)], feature=torch.zeros(1), pad_value=9) for i in range(2)]
+    ids = torch.full((4,), 9)
+    emb, mask, _ = get_embedding_and_mask(CountingEncoder(), iter(items), torch.tensor([9]), ids, [0, 2], [0],
+                                          [4], [[(0, 1), (2, 3)]])
+    assert torch.equal(emb, naive_reference([RequestChunk(items=items, prefix=0, extend=4)]))
+    assert mask.all()
+
+
+@pytest.mark.parametrize(
+    ("offsets", "message"),
+    [
+        ((3, 9), r"request 0, item hash 5: offsets \(3, 9\) is one bare \(start, end\) pair; pass a list of spans: \[\(3, 9\)\]"),
+        ([3, 9], r"request 0, item hash 5: offsets \(3, 9\) is one bare"),
+        ([(3,)], r"request 0, item hash 5: span \(3,\) is not an \(start, end\) pair"),
+        ([(3.0, 9.0)], r"request 0, item hash 5: span \(3.0, 9.0\) is not"),
+        (iter([(3, 9)]), r"request 0, item hash 5: offsets must be a list of \(start, end\) spans, got list_iterator"),
+        ("3-9", r"request 0, item hash 5: offsets must be a list"),
+    ],
+)
+@STEP
+def test_offset_shape_mistakes_name_request_and_item(backend, offsets, message):
+    req = RequestChunk(items=[MMItem(hash=5, offsets=offsets, feature=torch.zeros(1))], prefix=0, extend=12)
+    with pytest.raises(InvalidItemError, match=message):
+        embed_chunk([req], CountingEncoder())
+
+
+@STEP
+def test_requests_must_be_request_chunks(backend):
+    with pytest.raises(InvalidItemError, match="request 1: expected a RequestChunk, got dict"):
+        embed_chunk([RequestChunk(items=[], prefix=0, extend=1), {"items": []}], CountingEncoder())
+    with pytest.raises(InvalidItemError, match="iterable of RequestChunk"):
+        embed_chunk(RequestChunk(items=[], prefix=0, extend=1), CountingEncoder())
+
+
+# -- fused layout -----------------------------------------------------------------------------
+
+
+@STEP
+def test_fused_requests_must_cover_input_embeds(backend):
+    """A text-only request left out of the list would have its rows overwritten."""
+    reqs = [RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=4)]
+    embeds = torch.full((10, HIDDEN), float("nan"))
+    with pytest.raises(InvalidItemError, match="input_embeds has 10 rows but the requests' extend lengths add up to 4"):
+        merge_chunk(embeds, reqs, CountingEncoder())
+    assert torch.isnan(embeds).all()
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [([0, 2], "requests 0 and 1 claim the same rows"), ([0, 8], r"request 1: rows \[8, 12\) lie outside")],
+)
+@STEP
+def test_fused_explicit_row_offsets_are_checked(backend, rows, message):
+    reqs = [RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=4, row_offset=rows[0]),
+            RequestChunk(items=[image(2, 0, 3)], prefix=0, extend=4, row_offset=rows[1])]
+    with pytest.raises(InvalidItemError, match=message):
+        merge_chunk(torch.zeros(10, HIDDEN), reqs, CountingEncoder())
+
+
+@STEP
+def test_batched_input_embeds_is_written_in_place(backend):
+    reqs = [RequestChunk(items=[image(1, 1, 3)], prefix=0, extend=6)]
+    embeds = torch.full((1, 6, HIDDEN), float("nan"))
+    result = merge_chunk(embeds, reqs, CountingEncoder())
+    assert result.embedding is embeds
+    assert torch.equal(embeds[0, 1:4], truth(1, 3)) and torch.isnan(embeds[0, [0, 4, 5]]).all()
+    with pytest.raises(KernelInputError, match="contiguous"):
+        merge_chunk(torch.zeros(6, 2 * HIDDEN)[:, ::2], reqs, CountingEncoder())
+
+
+# -- results and reports --------------------------------------------------------------------
+
+
+@STEP
+def test_no_rows_means_embedding_is_none(backend):
+    reqs = [RequestChunk(items=[image(1, 10, 3)], prefix=0, extend=5)]
+    assert embed_chunk(reqs, CountingEncoder()).embedding is None
+    embeds = torch.zeros(5, HIDDEN)
+    assert merge_chunk(embeds, reqs, CountingEncoder()).embedding is None
+
+
+@STEP
+def test_cache_hits_count_embeddings_and_hit_uses_count_requests(backend):
+    cache = EmbeddingCache(1 << 20)
+    reqs = [RequestChunk(items=[image(7, 0, 2)], prefix=0, extend=2) for _ in range(3)]
+    first = embed_chunk(reqs, CountingEncoder(), cache=cache).report
+    again = embed_chunk(reqs, CountingEncoder(), cache=cache).report
+    assert (first.items_encoded, first.cache_hits, first.hit_uses) == (1, 0, 0)
+    assert (again.items_encoded, again.cache_hits, again.hit_uses) == (0, 1, 3)
+
+
+# -- SGLang-compatible API --------------------------------------------------------------------
+
+
+def _compat_step(ids, pads=(9,), encoder=None):
+    items = [MMItem(hash=60, offsets=[(1, 3)], feature=torch.zeros(1), pad_value=pads[0])]
+    return get_embedding_and_mask(encoder or CountingEncoder(), items, torch.tensor(pads), ids, [0, 1], [0], [5],
+                                  [[(1, 3)]])
+
+
+@STEP
+def test_compat_placeholder_count_must_match_rows(backend):
+    """Checked before the encoder runs: nothing is encoded or cached for such a step."""
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    enc = CountingEncoder()
+    with pytest.raises(EmbeddingLengthMismatch, match="expected 4, got 3"):
+        _compat_step(torch.tensor([9, 9, 9, 9, 0]), encoder=enc)
+    assert enc.calls == [] and len(mm_schedule.embedding_cache) == 0
+    emb, mask, _ = _compat_step(torch.tensor([0, 9, 9, 9, 0]), encoder=enc)
+    assert emb.shape[0] == int(mask.sum()) == 3 and enc.calls == [[60]]
+
+
+def test_int64_placeholder_ids_are_never_narrowed():
+    wide = 5 + 2**32  # as int32 this would be 5
+    ids = torch.tensor([5, 7, 5, 3], dtype=torch.int32)
+    assert not placeholder_mask(ids, torch.tensor([wide])).any()
+    many = torch.arange(100, dtype=torch.int64) + 2**32  # the table lookup path
+    assert not placeholder_mask(torch.arange(100, dtype=torch.int32), many).any()
+    assert placeholder_mask(ids, torch.tensor([7])).squeeze(1).tolist() == [False, True, False, False]
+
+
+@pytest.mark.parametrize("n_ids", [9, 64, 1000])
+def test_placeholder_table_with_shared_low_bits(n_ids):
+    """Ids that share their low bits pile into a few buckets; the answer stays exact."""
+    pads = torch.arange(n_ids, dtype=torch.int64) << 24
+    g = torch.Generator().manual_seed(n_ids)
+    ids = torch.cat([pads[torch.randint(0, n_ids, (50,), generator=g)], torch.randint(0, 1 << 30, (500,), generator=g)])
+    assert torch.equal(placeholder_mask(ids, pads).squeeze(1), torch.isin(ids, pads))
+
+
+@STEP
+def test_compat_warns_once_without_a_cache(backend, monkeypatch):
+    from mm_schedule import sglang_compat
+
+    monkeypatch.setattr(sglang_compat, "embedding_cache", None)
+    monkeypatch.setattr(sglang_compat, "_warned_uncached", False)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _compat_step(torch.tensor([0, 9, 9, 9, 0]))
+        _compat_step(torch.tensor([0, 9, 9, 9, 0]))
+    messages = [str(w.message) for w in seen if "nothing is cached" in str(w.message)]
+    assert len(messages) == 1
+
+
+# -- acknowledgements and buffers ---------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class AckItem(MMItem):
+    acks: list = field(default_factory=list)
+
+    def acknowledge_deferred_cuda_ipc_feature(self, consumer_count=1):
+        self.acks.append(consumer_count)
+
+
+@STEP
+def test_hits_are_acknowledged_once_per_successful_step(backend):
+    cache = EmbeddingCache(1 << 20)
+    hit = AckItem(hash=70, offsets=[(0, 1)], feature=torch.zeros(1))
+    embed_chunk([RequestChunk(items=[hit], prefix=0, extend=2)], CountingEncoder(), cache=cache)
+    assert hit.acks == []
+    miss = MMItem(hash=71, offsets=[(3, 4)], feature=torch.zeros(1))
+    req = RequestChunk(items=[hit, miss], prefix=0, extend=5)
+
+    def failing(items):
+        raise RuntimeError("encoder crashed")
+
+    with pytest.raises(RuntimeError, match="crashed"):
+        embed_chunk([req], failing, cache=cache)
+    assert hit.acks == []  # the step failed: it will be retried and acknowledge then
+    embed_chunk([req], CountingEncoder(), cache=cache)
+    assert hit.acks == [1]
+
+
+@STEP
+def test_copy_outputs_protects_the_cache_from_a_reused_buffer(backend):
+    buffer = torch.zeros(3, HIDDEN)
+
+    def reusing(items):
+        buffer.copy_(truth(items[0].hash, 3))
+        return [buffer]
+
+    for copy, survives in ((False, False), (True, True)):
+        cache = EmbeddingCache(1 << 20)
+        embed_chunk([RequestChunk(items=[image(80, 0, 3)], prefix=0, extend=3)],
+                    Encoder(reusing, copy_outputs=copy), cache=cache)
+        embed_chunk([RequestChunk(items=[image(81, 0, 3)], prefix=0, extend=3)],
+                    Encoder(reusing, copy_outputs=copy), cache=cache)
+        assert torch.equal(cache.lookup(80), truth(80, 3)) is survives
+
+
+@STEP
+def test_step_context_without_ack_hook(backend):
+    cache = EmbeddingCache(1 << 20)
+    item = AckItem(hash=90, offsets=[(0, 1)], feature=torch.zeros(1))
+    ctx = StepContext(on_cache_hit=None)
+    for _ in range(2):
+        embed_chunk([RequestChunk(items=[item], prefix=0, extend=2)], CountingEncoder(), cache=cache, context=ctx)
+    assert item.acks == []
