@@ -242,3 +242,13 @@ def test_bad_inputs_raise_typed_errors_naming_the_problem():
 
     with pytest.raises(UnsupportedModelError, match=r"model_type 'bert'.*supported: qwen2_vl"):
         VisionAdapter(NotAVLM())
+
+
+def test_the_inner_model_works_as_well_as_the_generation_wrapper(vlm):
+    gen = torch.Generator().manual_seed(12)
+    inputs = vlm.prompt([3, vlm.image(gen), 2, vlm.image(gen, (1, 2, 4)), 1], gen)
+    outer, inner = VisionAdapter(vlm.model, model_id="m"), VisionAdapter(vlm.model.model, model_id="m")
+    assert [it.hash for it in inner.items(inputs)] == [it.hash for it in outer.items(inputs)]
+    n = inputs["input_ids"].shape[1]
+    (got,), _, _ = _prefill(inner, None, [inputs], [[(0, 0, n)]])
+    assert torch.equal(got, vlm.reference_embeds(inputs)[0])
