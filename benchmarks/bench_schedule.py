@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             f" hidden {args.hidden}, whole prompts in one window; medians of {repeats} steps after one warm-up",
             f"- host load average (1 min) before / after: {load_before} / {load_after};"
             " CPU time is this process's, wall time includes time spent descheduled",
-            "- assembly backend on CPU: the torch reference of `mm_schedule.kernels` (one `copy_` per segment)",
+            "- assembly on CPU: the scheduler's trusted path, `mm_schedule.kernels.trusted.copy_segments` (one `torch.cat` into the packed rows)",
             "",
             table,
             "",

@@ -47,6 +47,10 @@ def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], 
     device; every segment lies inside its source and ``dst``; no two segments write
     the same row. Rows are cast to ``dst``'s dtype. Nothing is checked.
 
+    A table may say it is the simplest one with an attribute ``whole_sources_rows``
+    (an int): then it is every source once, whole, in order, filling ``dst`` rows
+    ``[0, whole_sources_rows)``, and the torch path copies without reading the table.
+
     Equivalent PyTorch::
 
         for s, r, n, d in segments:
@@ -67,6 +71,10 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
     into views of ``dst`` (the fused layout, rows between placeholders left alone).
     Whole sources are passed as they are; only partial ones are sliced."""
+    whole_rows = getattr(segments, "whole_sources_rows", None)
+    if whole_rows is not None:
+        torch.cat(sources, out=dst if whole_rows == dst.shape[0] else dst[:whole_rows])
+        return dst
     views = []
     append = views.append
     first = expected = segments[0][3]

@@ -5,18 +5,22 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from .kernels.trusted import copy_segments
-from .plan import HIT, StepPlan
+from .plan import StepPlan
 
 
 class SegmentTable:
     """A plan's segments as ``(source, src_row, n_rows, dst_row)`` rows, read straight
-    from its columns (no tuple is kept per segment)."""
+    from its columns (no tuple is kept per segment). ``whole_sources_rows`` is set when
+    the table is every source once, whole, in order from row 0 (see ``copy_segments``)."""
 
-    __slots__ = ("_columns",)
+    __slots__ = ("_columns", "whole_sources_rows")
 
-    def __init__(self, source, src_row, n_rows, dst_row) -> None:
+    def __init__(self, source, src_row, n_rows, dst_row, whole_sources_rows: int | None = None) -> None:
         self._columns = (source, src_row, n_rows, dst_row)
+        self.whole_sources_rows = whole_sources_rows
 
     def __len__(self) -> int:
         return len(self._columns[0])
@@ -30,7 +34,15 @@ class SegmentTable:
 
 
 def packed_table(plan: StepPlan) -> SegmentTable:
-    return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_packed_row)
+    # One segment per source, as many rows as the sources hold and sources in segment
+    # order: then every segment is a whole source (the usual all-cached step). All three
+    # tests run in C, far cheaper than reading the table row by row.
+    n = len(plan.rows)
+    whole = (
+        len(plan.seg_source) == n and plan.n_rows == sum(plan.rows) and list(plan.seg_source) == list(range(n))
+    )
+    return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_packed_row,
+                        plan.n_rows if whole else None)
 
 
 def fused_table(plan: StepPlan) -> SegmentTable:
@@ -43,14 +55,24 @@ def one_dtype(tensors: Sequence[Any], target: Any) -> list[Any]:
     return [t if t is None or t.dtype == target else t.to(target) for t in tensors]
 
 
-def copy_rows(plan: StepPlan, tensors: list[Any], table: SegmentTable, dst: Any, cache: Any) -> Any:
+def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: Any, cache: Any) -> Any:
     """Run the table into ``dst``. If that fails, the step's cached entries are evicted
     before the error propagates: a bad entry is never served again."""
     try:
         return copy_segments(tensors, table, dst)
     except Exception:
         if cache is not None:
-            for key, kind in zip(plan.keys, plan.kinds):
-                if kind is HIT:
-                    cache.discard(key)
+            cache.discard_many(plan.hit_keys)
         raise
+
+
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any) -> Any:
+    """The packed rows of a table that is every source whole and in order (see
+    ``packed_table``): their concatenation. Failures evict like ``copy_rows``."""
+    try:
+        return torch.cat(tensors)
+    except Exception:
+        if cache is not None:
+            cache.discard_many(plan.hit_keys)
+        raise
+

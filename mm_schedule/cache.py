@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CacheStateError
 from .keys import combine_hashes
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,13 @@ class EmbeddingCache:
                 return True
             return False
 
+    def discard_many(self, keys: Iterable[int]) -> None:
+        """``discard`` for every key, under one lock."""
+        with self._lock:
+            for key in keys:
+                if self._pop(key):
+                    self._discarded += 1
+
     # -- single-key API -------------------------------------------------------------------
     def lookup(self, key: int) -> Any | None:
         """The 2-D tensor cached under ``key`` (refreshing its recency), or None. Counts a hit or miss."""
@@ -169,7 +177,12 @@ class EmbeddingCache:
     def insert(self, key: int, value: Any) -> bool:
         """Cache ``value`` (a tensor, or an object with ``.embedding``). Returns False when
         it cannot fit without evicting pinned entries or exceeds the whole budget."""
-        entry = _entry(_unwrap(value), None if hasattr(value, "shape") else value)
+        tensor = _unwrap(value)
+        if not hasattr(tensor, "untyped_storage"):
+            raise CacheStateError(
+                f"key {key}: the cache stores tensors (or objects with a tensor .embedding), got {type(value).__name__}"
+            )
+        entry = _entry(tensor, None if hasattr(value, "shape") else value)
         with self._lock:
             return self._insert(key, entry, ())
 

@@ -68,8 +68,8 @@ class PrecomputedEmbeddingError(MMScheduleError, NotImplementedError):
 
 
 class CacheStateError(MMScheduleError, RuntimeError):
-    """The embedding cache was used before it was initialised, or lost an entry the
-    current step pinned (an internal error)."""
+    """The embedding cache was given something it cannot hold (a value that is not a
+    tensor), or used in a state that should not happen."""
 
 
 class MoveMapError(MMScheduleError, ValueError):

@@ -4,7 +4,8 @@ The ids are compared in the wider of the two dtypes, so an int64 pad value is ne
 narrowed into a collision with an int32 token id. How, by the number of placeholder ids
 (SGLang passes one per item, so thousands in a large step):
 
-* a few: ``torch.isin``, which compares against each id directly;
+* a few (fewer than ``10 * tokens ** 0.145``): ``torch.isin``, which then compares
+  against each id directly;
 * many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
   bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
   fast as ``isin``, which sorts;
@@ -20,7 +21,6 @@ import torch
 
 from .errors import InvalidItemError
 
-_FEW_IDS = 8  # isin compares directly below 10 * tokens**0.145 ids, which is >= 10
 _TABLE_SLOTS_PER_ID = 16  # sparse enough that buckets hold one or two ids
 _TABLE_MAX_DEPTH = 8  # deeper buckets (ids sharing their low bits): use isin instead
 
@@ -42,7 +42,8 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
         common = torch.promote_types(ids.dtype, pads.dtype)
         ids, pads = ids.to(common), pads.to(common)
     n = pads.numel()
-    if n <= _FEW_IDS:
+    if n == 0 or n < 10 * ids.numel() ** 0.145:
+        # torch.isin's own rule for comparing against each id (no sort, no device wait).
         return torch.isin(ids.view(-1, 1), pads)  # already [N, 1]
     if ids.device.type == "cpu":
         mask = _table_lookup(ids, pads)

@@ -111,8 +111,8 @@ class StepPlan(NamedTuple):
     time (None when they differ or nothing was looked up).
 
     A plan is never changed once built (the columns are read-only by contract, and are
-    not copied for it); a step that must change a decision (several ranks agreeing on
-    misses) builds a new plan with ``_replace``.
+    not copied for it); a step that must change a decision builds a new plan
+    (``with_misses`` for ranks agreeing on misses, or ``_replace``).
     """
 
     kinds: Sequence[SourceKind]

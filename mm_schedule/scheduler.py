@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .assemble import copy_rows, fused_table, one_dtype, packed_table
+from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
 from .encode import Encoders, encode_misses
@@ -134,19 +134,21 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
         dtypes = expected.dtypes
         if target is None:
             target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
-        if out is None:
-            out = _empty(plan.n_rows, expected.hidden, target, expected.device)
+        table = packed_table(plan)
+        if out is None and table.whole_sources_rows is not None and dtypes == {target}:
+            # Every source whole, in order, one dtype: the result is their concatenation,
+            # which torch allocates and fills in one call on any device.
+            embedding = concat_rows(plan, tensors, cache)
         else:
-            _check_out(out, plan.n_rows, expected)
-        if len(dtypes) > 1:
-            tensors = one_dtype(tensors, target)
-        embedding = copy_rows(plan, tensors, packed_table(plan), out, cache)
+            if out is None:
+                out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+            else:
+                _check_out(out, plan.n_rows, expected)
+            if len(dtypes) > 1:
+                tensors = one_dtype(tensors, target)
+            embedding = copy_rows(plan, tensors, table, out, cache)
     acknowledge_hits(plan, context)
     return StepResult(plan, embedding)
-
-
-def _empty(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
-    return torch.empty((rows, hidden), dtype=dtype, device=device)
 
 
 def _promoted(dtypes: set) -> Any:
@@ -215,8 +217,10 @@ def check_fused_rows(extends: Sequence[int], row_offsets: Sequence[int | None], 
         return
     ranges, base = [], 0
     for index, (extend, row) in enumerate(zip(extends, row_offsets)):
-        start = base if row is None else row
-        base = start + max(extend, 0) if row is not None else base + max(extend, 0)
+        # A request without its own row offset starts after every earlier request's
+        # extend tokens, as the planner places it.
+        start = base if row is None else as_index(row, request=index, what="row_offset")
+        base += max(extend, 0)
         if extend > 0:
             if start < 0 or start + extend > total_rows:
                 raise InvalidItemError(

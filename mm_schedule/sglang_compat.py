@@ -107,6 +107,7 @@ def get_embedding_and_mask(
     if cache is None:
         _warn_uncached()
     items = _as_list(embedding_items)
+    items_size = _as_list(items_size)
     prefixes = _as_list(prefix_length)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
@@ -116,17 +117,24 @@ def get_embedding_and_mask(
     )
     if not plan.n_rows:
         return None, None, input_ids
-    # Checked before anything is encoded or cached: a prompt whose placeholder tokens and
-    # item offsets disagree would otherwise pair rows with the wrong tokens downstream.
-    mask = placeholder_mask(input_ids, placeholder_tensor)
-    placeholders = int(mask.count_nonzero())
-    if placeholders != plan.n_rows:
-        raise EmbeddingLengthMismatch(
-            expected=placeholders, received=plan.n_rows, what="embedding rows for the placeholder tokens"
-            " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
-        )
+    # Checked before anything is encoded or cached.
+    mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows)
     result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
+
+
+def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int) -> Any:
+    """The placeholder mask over ``input_ids``, which must mark exactly ``rows`` tokens: a
+    prompt whose placeholder tokens and item offsets disagree would otherwise pair rows
+    with the wrong tokens downstream (or, on a GPU, end in a device-side assert)."""
+    mask = placeholder_mask(input_ids, placeholder_tensor)
+    placeholders = int(mask.count_nonzero())
+    if placeholders != rows:
+        raise EmbeddingLengthMismatch(
+            expected=placeholders, received=rows, what="embedding rows for the placeholder tokens"
+            " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
+        )
+    return mask
 
 
 def _as_list(values: Any) -> list | tuple:

@@ -4,7 +4,7 @@ What a step needs from every source: a floating tensor of rank >= 2 whose rows (
 dims but the last) are the item's placeholder count, whose last dim is the step's
 hidden size, on the step's device, not a meta tensor. The hidden size comes from
 ``input_embeds`` in fused mode and otherwise from the step's other sources (hits,
-precomputed embeddings, the first encoder output); the device from ``input_embeds``,
+precomputed embeddings, the encoder outputs' most common size); the device from ``input_embeds``,
 the caller's ``device``, or else the first source. Encoder outputs that fail raise a
 typed error naming the request and the item hash; a step that raises has inserted
 nothing. Cached entries that fail are evicted before the error is raised.
@@ -43,11 +43,11 @@ def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
     parts = []
     for s in sources[:8]:
         for item in plan.items_of(s):
-            parts.append(f"request {plan.requests[s]} item hash {_hash_of(item, plan.requests[s])}")
+            parts.append(f"request {plan.requests[s]} item hash {_hash_of(item)}")
     return ", ".join(parts[:8]) + (" ..." if len(parts) > 8 or len(sources) > 8 else "")
 
 
-def _hash_of(item: Any, request: int) -> Any:
+def _hash_of(item: Any) -> Any:
     return getattr(item, "hash", None)
 
 
@@ -90,7 +90,7 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     if HIT not in plan.kinds:
         return tensors
     if expected.hidden is None and cache is not None:
-        expected.hits_set_hidden = lambda: _evict_hits(plan, cache)
+        expected.hits_set_hidden = lambda: cache.discard_many(plan.hit_keys)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
@@ -115,12 +115,6 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
             tensors[i] = t.to(expected.device, non_blocking=True)
         _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
     return tensors
-
-
-def _evict_hits(plan: StepPlan, cache: Any) -> None:
-    for key, kind in zip(plan.keys, plan.kinds):
-        if kind is HIT:
-            cache.discard(key)
 
 
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
@@ -150,7 +144,7 @@ def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) ->
         if flat.shape[0] != plan.rows[i]:
             raise EmbeddingLengthMismatch(
                 expected=plan.rows[i], received=flat.shape[0], request=plan.requests[i],
-                item_hash=_hash_of(plan.first_items[i], plan.requests[i]), what="precomputed embedding rows",
+                item_hash=_hash_of(plan.first_items[i]), what="precomputed embedding rows",
             )
         tensors[i] = flat if flat.is_contiguous() else flat.contiguous()
 
@@ -199,7 +193,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []
     for t, rows, item, request in zip(output, item_rows, items, requests):
-        item_hash = _hash_of(item, request)
+        item_hash = _hash_of(item)
         flat = check_tensor(t, expected, f"request {request}, item hash {item_hash}", "the encoder output")
         if flat.shape[0] != rows:
             raise EmbeddingLengthMismatch(
@@ -213,7 +207,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
 def _check_combined(plan, batch, whole, output, item_rows, expected) -> list[Any]:
     one = len(item_rows) == 1
     request = plan.requests[batch[0]]
-    item_hash = _hash_of(plan.first_items[batch[0]], request) if one else None
+    item_hash = _hash_of(plan.first_items[batch[0]]) if one else None
     where = f"request {request}, item hash {item_hash}" if one else _labels(plan, batch)
     flat = check_tensor(output, expected, where, "the encoder output")
     total = sum(item_rows)

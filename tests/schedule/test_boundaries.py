@@ -301,3 +301,19 @@ def test_step_context_without_ack_hook(backend):
     for _ in range(2):
         embed_chunk([RequestChunk(items=[item], prefix=0, extend=2)], CountingEncoder(), cache=cache, context=ctx)
     assert item.acks == []
+
+
+@STEP
+def test_fused_mixed_row_offsets_follow_the_planner(backend):
+    """A request without a row offset starts after all earlier requests' extend tokens,
+    whatever offsets those were given; the check and the planner agree on it."""
+    def reqs(first_row):
+        return [RequestChunk(items=[image(1, 0, 2)], prefix=0, extend=3, row_offset=first_row),
+                RequestChunk(items=[image(2, 0, 2)], prefix=0, extend=2)]
+
+    embeds = torch.full((8, HIDDEN), float("nan"))
+    merge_chunk(embeds, reqs(5), CountingEncoder())  # request 1 takes rows [3, 5)
+    assert torch.equal(embeds[[5, 6]], truth(1, 2)) and torch.equal(embeds[[3, 4]], truth(2, 2))
+    assert torch.isnan(embeds[[0, 1, 2, 7]]).all()
+    with pytest.raises(InvalidItemError, match="requests 0 and 1 claim the same rows"):
+        merge_chunk(torch.zeros(8, HIDDEN), reqs(1), CountingEncoder())

@@ -116,3 +116,12 @@ def test_sglang_surface():
 def test_negative_budget_rejected():
     with pytest.raises(ValueError):
         EmbeddingCache(-1)
+
+
+def test_non_tensor_values_are_refused():
+    from mm_schedule.errors import CacheStateError
+
+    cache = EmbeddingCache(10 * ROW)
+    with pytest.raises(CacheStateError, match="key 3: the cache stores tensors"):
+        cache.set(3, [[1.0, 2.0]])
+    assert len(cache) == 0

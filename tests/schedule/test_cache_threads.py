@@ -29,8 +29,18 @@ def test_concurrent_readers_and_writers():
                     lookups[idx] += 1
                     if got is not None and not torch.equal(got, tensors[k]):
                         errors.append(f"key {k} returned another key's value")
-                elif op < 0.9:
+                elif op < 0.6:
+                    keys = rng.sample(range(64), 4)
+                    got, _ = cache.lookup_many(keys, [tensors[j].shape[0] for j in keys])
+                    lookups[idx] += len(keys)
+                    for j, t in zip(keys, got):
+                        if t is not None and not torch.equal(t, tensors[j]):
+                            errors.append(f"key {j} returned another key's value")
+                elif op < 0.8:
                     cache.insert(k, tensors[k])
+                elif op < 0.9:
+                    keys = rng.sample(range(64), 3)
+                    cache.insert_many([(j, tensors[j]) for j in keys], protect=[k])
                 elif op < 0.95:
                     cache.discard(k)
                 else:

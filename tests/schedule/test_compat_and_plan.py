@@ -247,3 +247,39 @@ def test_with_misses_re_encodes_hits_another_rank_missed():
     enc = CountingEncoder()
     got = run_packed(agreed, enc, cache, StepContext()).embedding
     assert enc.calls == [[1, 2]] and torch.equal(got, naive_reference(reqs))
+
+
+def test_flat_and_general_planners_build_the_same_plan():
+    """On steps the flat planner takes, the general planner (which it defers to for
+    everything else) must build exactly the same plan."""
+    import random
+
+    from mm_schedule.plan_flat import plan_flat
+    from mm_schedule.plan_general import plan_general
+
+    rng = random.Random("flat vs general")
+    compared = 0
+    for _ in range(200):
+        item_lists, prefixes, extends, offsets = [], [], [], []
+        for r in range(rng.randint(1, 5)):
+            pos, items = rng.randint(0, 3), []
+            for _ in range(rng.randint(0, 4)):
+                length = rng.randint(1, 6)
+                h = rng.choice([rng.randint(1, 5), 100 * r + len(items) + 10])
+                items.append(MMItem(hash=h, offsets=[(pos, pos + length - 1)], feature=torch.zeros(1)))
+                pos += length + rng.randint(0, 2)
+            item_lists.append(items)
+            prefixes.append(rng.randint(0, 6))
+            extends.append(rng.randint(0, 10))
+            offsets.append([it.offsets[0] for it in items] if rng.random() < 0.5 else None)
+        rows = [None] * len(item_lists)
+        flat = plan_flat(item_lists, prefixes, extends, offsets, rows, None, 5)
+        general = plan_general(item_lists, prefixes, extends, offsets, rows, None, 5)
+        if flat is None:  # one hash with two lengths: only the general planner takes it
+            continue
+        for column in ("kinds", "keys", "rows", "requests", "modalities", "seg_source", "seg_src_row", "seg_rows",
+                       "seg_packed_row", "seg_token_row", "seg_request", "encoder_batches"):
+            assert list(getattr(flat, column)) == list(getattr(general, column)), column
+        assert (flat.n_rows, flat.n_tokens) == (general.n_rows, general.n_tokens)
+        compared += 1
+    assert compared > 150

@@ -76,3 +76,17 @@ def test_many_scattered_segments(shuffled):
         want[d : d + n] = sources[s][r : r + n]
     copy_segments(sources, segments, dst)
     assert torch.equal(dst.nan_to_num(), want.nan_to_num()) and torch.equal(dst.isnan(), want.isnan())
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_whole_sources_hint_copies_the_same_rows(backend):
+    """A table that declares itself every source once, whole, in order: the rows land as
+    the table says, and rows of ``dst`` past the table keep their poison."""
+    from mm_schedule.assemble import SegmentTable
+
+    sources = [torch.randn(n, 8) for n in (3, 1, 5)]
+    starts = [0, 3, 4]
+    table = SegmentTable([0, 1, 2], [0, 0, 0], [3, 1, 5], starts, whole_sources_rows=9)
+    dst = torch.full((11, 8), float("nan"))
+    copy_segments(sources, table, dst)
+    assert torch.equal(dst[:9], torch.cat(sources)) and torch.isnan(dst[9:]).all()
