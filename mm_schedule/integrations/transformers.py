@@ -97,7 +97,7 @@ class VisionAdapter:
     # -- items -------------------------------------------------------------------------
     def items(self, inputs: Mapping[str, Any]) -> list[MMItem]:
         """Items of one request; ``inputs["input_ids"]`` is ``[L]`` or ``[1, L]``."""
-        ids = inputs["input_ids"]
+        ids = _tensor(inputs, "input_ids")
         if ids.dim() == 2 and ids.shape[0] != 1:
             raise InvalidItemError(
                 f"input_ids hold {ids.shape[0]} sequences; use batch_items for a batched processor output"
@@ -106,8 +106,9 @@ class VisionAdapter:
 
     def batch_items(self, inputs: Mapping[str, Any]) -> list[list[MMItem]]:
         """Items of each row of ``inputs["input_ids"]`` (``[B, L]``), sorted by position.
-        Offsets are positions in that row, padding included."""
-        ids = inputs["input_ids"]
+        Offsets are positions in that row, padding included. Tensors, NumPy arrays
+        (``return_tensors="np"``) and nested lists are all accepted."""
+        ids = _tensor(inputs, "input_ids")
         rows_ids = ids.reshape(1, -1) if ids.dim() == 1 else ids
         per_row: list[list[MMItem]] = [[] for _ in range(rows_ids.shape[0])]
         for path in self.paths.values():
@@ -118,7 +119,7 @@ class VisionAdapter:
         return per_row
 
     def _path_items(self, path: VisionPath, inputs: Mapping[str, Any], ids: Any) -> list[tuple[int, MMItem]]:
-        pixels = inputs.get(path.pixels_key)
+        pixels = _tensor(inputs, path.pixels_key)
         n_tokens = int((ids == path.token_id).sum())
         if pixels is None:
             if n_tokens:
@@ -127,7 +128,8 @@ class VisionAdapter:
                     f" (id {path.token_id}) but the inputs have no {path.pixels_key}"
                 )
             return []
-        features, grids, rows = self._split(path, pixels, inputs.get(path.grid_key) if path.grid_key else None, n_tokens)
+        grid_thw = _tensor(inputs, path.grid_key) if path.grid_key else None
+        features, grids, rows = self._split(path, pixels, grid_thw, n_tokens)
         spans = place_items(ids, path.token_id, rows, what=path.modality.lower())
         out = []
         for (row, span), feature, grid in zip(spans, features, grids):
@@ -208,6 +210,14 @@ class VisionAdapter:
         oov = torch.isin(input_ids, placeholders) & (input_ids >= table.num_embeddings)
         with torch.no_grad():
             return table(torch.where(oov, torch.zeros_like(input_ids), input_ids))
+
+
+def _tensor(inputs: Mapping[str, Any], key: str) -> Any:
+    """``inputs[key]`` as a torch tensor (None when absent); NumPy arrays are shared, not copied."""
+    if key == "input_ids" and key not in inputs:
+        raise InvalidItemError("the inputs have no input_ids")
+    value = inputs.get(key)
+    return None if value is None else torch.as_tensor(value)
 
 
 def _item_grid(item: Any) -> Any:

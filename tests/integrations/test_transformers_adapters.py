@@ -252,3 +252,15 @@ def test_the_inner_model_works_as_well_as_the_generation_wrapper(vlm):
     n = inputs["input_ids"].shape[1]
     (got,), _, _ = _prefill(inner, None, [inputs], [[(0, 0, n)]])
     assert torch.equal(got, vlm.reference_embeds(inputs)[0])
+
+
+def test_numpy_processor_output_gives_the_same_items():
+    vlm = TinyVLM("qwen2_vl")
+    gen = torch.Generator().manual_seed(13)
+    inputs = vlm.prompt([3, vlm.image(gen), 2, vlm.image(gen, (1, 2, 4)), 1], gen)
+    adapter = VisionAdapter(vlm.model, model_id="m")
+    from_numpy = adapter.items({k: v.numpy() for k, v in inputs.items()})
+    want = adapter.items(inputs)
+    assert [(it.hash, it.offsets) for it in from_numpy] == [(it.hash, it.offsets) for it in want]
+    with pytest.raises(InvalidItemError, match="no input_ids"):
+        adapter.items({"pixel_values": inputs["pixel_values"]})
