@@ -19,6 +19,7 @@ _EXPORTS = {
     "EmbeddingResult": "cache",
     "combine_hashes": "keys",
     "item_key": "keys",
+    "content_hash": "hashing",
     "MMItem": "items",
     "Encoder": "encode",
     "ParallelContext": "context",

@@ -125,3 +125,8 @@ class RankCommunicationError(MMScheduleError, RuntimeError):
 class RankTimeoutError(RankCommunicationError, TimeoutError):
     """A rank did not reach a collective of the step within the process group's
     timeout (it crashed, hung, or is serving another batch)."""
+
+
+class UnsupportedModelError(MMScheduleError, TypeError):
+    """A model given to an integration adapter has no vision path the adapter knows;
+    the message names the model type and the ones supported."""

@@ -34,20 +34,28 @@ def _load(relative: str, name: str):
 
 def test_demo_runs_and_passes():
     pytest.importorskip("transformers")
+    pytest.importorskip("matplotlib")
+    plot = ROOT / "examples" / "output" / "host_time_per_step.png"
+    plot.unlink(missing_ok=True)
     proc = _run("examples/demo.py")
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert out.rstrip().splitlines()[-1] == "PASS"
     assert "FAIL" not in out
-    steps = re.findall(r"^step (\d+):", out, re.M)
-    assert steps == ["1", "2", "3"]
-    # Every step checks packed rows, fused placeholder rows and untouched text rows.
-    assert len(re.findall(r"^  PASS  ", out, re.M)) == 3 * len(steps)
-    # Step 1 batches the images of all requests into one call, the video into its own;
-    # the last step is served from the cache alone.
-    packed = re.findall(r"^  packed\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)", out, re.M)
-    assert packed[0][:3] == ("2", "3", "0")
-    assert packed[-1][:2] == ("0", "0") and int(packed[-1][2]) > 0
+    assert re.findall(r"^== (.+) ==$", out, re.M) == ["Qwen2-VL", "LLaVA (SigLIP tower)"]
+    # Two checks (input embeddings, logits) per request, five requests, two models.
+    assert len(re.findall(r"^  PASS  R\d ", out, re.M)) == 2 * 5 * 2
+    assert len(re.findall(r"input embeddings vs the model's own merge: bit-exact", out)) == 10
+    # step, windows..., calls, items, hits, rows, per-request calls
+    table = re.findall(r"^  (\d+)\s+(?:R\d\[\d+,\d+\)\s+)+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", out, re.M)
+    assert [row[0] for row in table] == ["1", "2", "3", "4"] * 2
+    qwen_first, llava_first = table[0], table[4]
+    # Step 1: every request's new images in one call, where the per-request path needs one per request.
+    assert qwen_first[1:4] == ("1", "5", "0") and qwen_first[5] == "4"
+    assert llava_first[1:4] == ("1", "4", "0") and llava_first[5] == "3"
+    for last in (table[3], table[7]):  # the last step is served from the cache alone
+        assert last[1:3] == ("0", "0") and int(last[3]) > 0
+    assert plot.stat().st_size > 10_000
 
 
 def test_planning_benchmark_quick_runs_and_passes():
@@ -75,16 +83,37 @@ def test_planning_benchmark_check_catches_wrong_rows(monkeypatch):
 
 
 def test_demo_comparison_rejects_wrong_rows():
+    pytest.importorskip("transformers")
     demo = _load("examples/demo.py", "_demo_under_test")
     want = torch.randn(6, 4)
-    assert demo.compare("x", want.clone(), want)[0]
+    assert demo.compare(want.clone(), want, 0.0) == (True, "bit-exact")
     off = want.clone()
     off[3, 1] += 1e-3
-    assert not demo.compare("x", off, want)[0]
+    assert not demo.compare(off, want, 0.0)[0]
+    assert not demo.compare(off, want, 1e-5)[0]
+    assert demo.compare(off, want, 1e-2)[0]
     poisoned = want.clone()
     poisoned[0, 0] = float("nan")
-    assert not demo.compare("x", poisoned, want)[0]
-    assert not demo.compare("x", want[:5], want)[0]
+    assert not demo.compare(poisoned, want, 1.0)[0]
+    assert not demo.compare(want[:5], want, 1.0)[0]
+
+
+def test_demo_expected_counts_are_worked_out_independently():
+    pytest.importorskip("transformers")
+    demo = _load("examples/demo.py", "_demo_counts_under_test")
+    from mm_schedule import MMItem
+
+    def request(*spans):
+        r = demo.Request("R", {"input_ids": torch.zeros(1, 100, dtype=torch.long)})
+        r.items = [MMItem(modality=m, hash=h, offsets=[(s, e)]) for h, m, s, e in spans]
+        return r
+
+    r0 = request((1, "IMAGE", 2, 9), (2, "VIDEO", 30, 39))
+    r1 = request((1, "IMAGE", 0, 7), (3, "IMAGE", 10, 19))
+    seen: set[int] = set()
+    # Window [0, 12) of both: image 1 (shared), image 3 (2 rows); the video is outside.
+    assert demo.expected_counts([(r0, 0, 12), (r1, 0, 12)], seen) == (1, 2, 0, 8 + 8 + 2)
+    assert demo.expected_counts([(r0, 12, 30), (r1, 12, 10)], seen) == (1, 1, 1, 10 + 8)
 
 
 def test_vision_encoder_rows_forms_and_bad_pixels():

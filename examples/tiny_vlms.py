@@ -1,0 +1,171 @@
+"""Tiny random-weight vision-language models from transformers, and processor-like inputs.
+
+The architectures are the real ones (Qwen2-VL, Qwen2.5-VL, LLaVA with a CLIP or a
+SigLIP tower, Gemma 3), built from configs with a few narrow layers: nothing is
+downloaded. ``TinyVLM.prompt`` lays out what the model's processor would return for a
+prompt: ``input_ids`` with the model's placeholder runs (and its begin/end-of-image
+tokens), pixels in the model's layout (flattened patch rows plus a ``(t, h, w)`` grid
+per image for Qwen, ``[N, 3, S, S]`` for the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VOCAB = 128
+TEXT_IDS = 100  # ordinary text tokens are drawn below this; model-specific tokens sit above
+IMAGE_ID, VIDEO_ID, BEGIN_ID, END_ID = 120, 121, 122, 123
+HIDDEN = 32
+PATCH = 4
+IMAGE_PX = 16  # LLaVA and Gemma 3 images: 16 x 16 px, 4 x 4 patches
+QWEN_MERGE, QWEN_TEMPORAL = 2, 2
+KINDS = ("qwen2_vl", "qwen2_5_vl", "llava_clip", "llava_siglip", "gemma3")
+
+
+def _text(**extra: Any) -> dict:
+    return dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, **extra,
+    )
+
+
+def build_model(kind: str, *, seed: int = 0) -> Any:
+    """A tiny ``*ForConditionalGeneration`` of ``kind`` (one of ``KINDS``) in eval mode."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    mrope = {"type": "mrope", "mrope_section": [2, 1, 1]}
+    qwen_ids = dict(image_token_id=IMAGE_ID, video_token_id=VIDEO_ID, vision_start_token_id=BEGIN_ID,
+                    vision_end_token_id=END_ID)
+    small_tower = dict(hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       image_size=IMAGE_PX, patch_size=PATCH)
+    if kind == "qwen2_vl":
+        config = tf.Qwen2VLConfig(
+            text_config=_text(rope_scaling=mrope),
+            vision_config=dict(depth=2, embed_dim=HIDDEN, hidden_size=HIDDEN, num_heads=4, mlp_ratio=2,
+                               patch_size=PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=QWEN_TEMPORAL),
+            **qwen_ids,
+        )
+        model = tf.Qwen2VLForConditionalGeneration(config)
+    elif kind == "qwen2_5_vl":
+        config = tf.Qwen2_5_VLConfig(
+            text_config=_text(rope_scaling=mrope),
+            vision_config=dict(depth=2, hidden_size=HIDDEN, intermediate_size=64, num_heads=4, out_hidden_size=HIDDEN,
+                               patch_size=PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=QWEN_TEMPORAL,
+                               window_size=16, fullatt_block_indexes=[1]),
+            **qwen_ids,
+        )
+        model = tf.Qwen2_5_VLForConditionalGeneration(config)
+    elif kind in ("llava_clip", "llava_siglip"):
+        clip = kind == "llava_clip"
+        tower = tf.CLIPVisionConfig(**small_tower) if clip else tf.SiglipVisionConfig(**small_tower)
+        config = tf.LlavaConfig(
+            vision_config=tower, text_config=tf.LlamaConfig(**_text()), image_token_index=IMAGE_ID,
+            vision_feature_layer=-2,
+            # CLIP's first output is its class token, which LLaVA drops ("default");
+            # SigLIP has none, so every patch is kept ("full").
+            vision_feature_select_strategy="default" if clip else "full",
+        )
+        model = tf.LlavaForConditionalGeneration(config)
+    elif kind == "gemma3":
+        config = tf.Gemma3Config(
+            text_config=_text(head_dim=8, sliding_window=16),
+            vision_config=dict(small_tower, num_hidden_layers=1),
+            mm_tokens_per_image=4, image_token_index=IMAGE_ID, boi_token_index=BEGIN_ID, eoi_token_index=END_ID,
+        )
+        model = tf.Gemma3ForConditionalGeneration(config)
+    else:
+        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class Image:
+    """Pixels of one image (or video) in the model's layout, and its placeholder count."""
+
+    pixels: torch.Tensor
+    tokens: int
+    grid: tuple[int, int, int] | None = None
+    video: bool = False
+
+
+class TinyVLM:
+    def __init__(self, kind: str, *, seed: int = 0) -> None:
+        self.kind = kind
+        self.model = build_model(kind, seed=seed)
+        self.qwen = kind.startswith("qwen")
+
+    def tokens_per_image(self) -> int:
+        if self.kind == "gemma3":
+            return self.model.config.mm_tokens_per_image
+        return (IMAGE_PX // PATCH) ** 2
+
+    def image(self, gen: torch.Generator, grid: tuple[int, int, int] = (1, 4, 4), *, video: bool = False) -> Image:
+        """Random pixels; ``grid`` (patches, Qwen only) must have h and w even."""
+        if not self.qwen:
+            return Image(torch.randn(3, IMAGE_PX, IMAGE_PX, generator=gen), self.tokens_per_image())
+        t, h, w = grid
+        rows = torch.randn(t * h * w, 3 * QWEN_TEMPORAL * PATCH * PATCH, generator=gen)
+        return Image(rows, t * h * w // QWEN_MERGE**2, grid, video)
+
+    def prompt(self, parts: Sequence[int | Image], gen: torch.Generator) -> dict[str, torch.Tensor]:
+        """A processor's output for one request: ``int`` parts are runs of random text
+        tokens, ``Image`` parts become begin / placeholders / end (Qwen, Gemma 3) or a
+        bare placeholder run (LLaVA)."""
+        ids: list[int] = []
+        images = [p for p in parts if isinstance(p, Image)]
+        for part in parts:
+            if isinstance(part, int):
+                ids += torch.randint(0, TEXT_IDS, (part,), generator=gen).tolist()
+                continue
+            wrap = self.kind != "llava_clip" and self.kind != "llava_siglip"
+            ids += ([BEGIN_ID] if wrap else []) + [VIDEO_ID if part.video else IMAGE_ID] * part.tokens
+            ids += [END_ID] if wrap else []
+        out = {"input_ids": torch.tensor([ids])}
+        stills = [im for im in images if not im.video]
+        videos = [im for im in images if im.video]
+        if self.qwen:
+            if stills:
+                out["pixel_values"] = torch.cat([im.pixels for im in stills])
+                out["image_grid_thw"] = torch.tensor([im.grid for im in stills])
+            if videos:
+                out["pixel_values_videos"] = torch.cat([im.pixels for im in videos])
+                out["video_grid_thw"] = torch.tensor([im.grid for im in videos])
+        elif stills:
+            out["pixel_values"] = torch.stack([im.pixels for im in stills])
+        return out
+
+    def reference_embeds(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model's own merge: its text embeddings with its vision features scattered
+        into the placeholder rows (what its forward computes before the decoder)."""
+        model = self.model
+        ids = inputs["input_ids"]
+        with torch.no_grad():
+            text_ids = torch.where(ids >= model.get_input_embeddings().num_embeddings, 0, ids)
+            embeds = model.get_input_embeddings()(text_ids)
+            for pixels_key, grid_key, token, method in (
+                ("pixel_values", "image_grid_thw", IMAGE_ID, "get_image_features"),
+                ("pixel_values_videos", "video_grid_thw", VIDEO_ID, "get_video_features"),
+            ):
+                if pixels_key not in inputs:
+                    continue
+                encode = getattr(model, method)
+                feats = encode(inputs[pixels_key], inputs[grid_key]) if self.qwen else encode(inputs[pixels_key])
+                feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, HIDDEN)
+                mask = (ids == token).unsqueeze(-1).expand_as(embeds)
+                embeds = embeds.masked_scatter(mask, feats.to(embeds.dtype))
+        return embeds
+
+    def forward_kwargs(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """What the decoder needs besides ``inputs_embeds`` to match the model's own forward
+        on ``inputs``: Qwen's M-RoPE positions depend on the whole prompt's grids."""
+        if not self.qwen:
+            return {}
+        positions, _ = self.model.model.get_rope_index(
+            inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), None
+        )
+        return {"position_ids": positions}

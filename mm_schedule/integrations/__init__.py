@@ -1,0 +1,8 @@
+"""Adapters from model libraries to mm_schedule items and encoders.
+
+Each submodule imports its library when it is imported itself, never before:
+``import mm_schedule.integrations`` loads nothing but this docstring.
+
+* ``mm_schedule.integrations.transformers``: Hugging Face transformers vision-language
+  models (Qwen2-VL, Qwen2.5-VL, LLaVA, Gemma 3).
+"""
