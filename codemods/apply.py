@@ -1,6 +1,6 @@
 """Step three of a file's migration: carry out the planned edits in one transform.
 
-Only the nodes the plan names are swapped (``FileState.expr`` for expressions, the
+Only the nodes the plan names are swapped (``Edits.expressions`` for expressions, the
 statement tables for imports); everything else is returned as libcst built it, so bytes
 outside the edited lines stay as they were. A statement that became several is split
 into one line each, or joined with semicolons where the original shared a line.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from .state import FileState
+from .edits import Edits
 
 # A tool directive ending an import line (noqa, type: ignore, isort...) is repeated on
 # the lines split off from it, so it keeps covering every one of them.
@@ -21,20 +21,20 @@ _PRAGMA = re.compile(r"#\s*(noqa|type:\s*ignore|pragma|pyright:|mypy:|isort:)")
 
 
 class Apply(cst.CSTTransformer):
-    def __init__(self, engine: FileState) -> None:
+    def __init__(self, edits: Edits) -> None:
         super().__init__()
-        self.e = engine
+        self.edits = edits
 
     def _replacement(self, small: cst.CSTNode) -> list[cst.BaseSmallStatement] | None:
-        e = self.e
-        if not any(small in d for d in (e.current, e.after, e.after_bindings, e.deleted)):
+        e = self.edits
+        if not any(small in d for d in (e.statements, e.split_off, e.bindings_after, e.deleted)):
             return None
-        head = [] if small in e.deleted else [e.current.get(small, small)]
-        return head + e.after.get(small, []) + e.after_bindings.get(small, [])
+        head = [] if small in e.deleted else [e.current(small)]
+        return head + e.split_off.get(small, []) + e.bindings_after.get(small, [])
 
     def on_leave(self, original, updated):
-        if original in self.e.expr:
-            return self.e.expr[original]
+        if original in self.edits.expressions:
+            return self.edits.expressions[original]
         if isinstance(original, cst.SimpleStatementLine):
             return self._line(original, updated)
         if isinstance(original, cst.SimpleStatementSuite):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from .resolve import dotted_expr, parent_and_base, relative_base
+from .resolve import dotted_expr, parent_and_base, relative_tail
 
 
 def _multiline(node: cst.ImportFrom) -> bool:
@@ -131,11 +131,9 @@ def module_expr(module: str) -> cst.Name | cst.Attribute:
 
 def retarget(node: cst.ImportFrom, new_module: str, package: str | None) -> cst.ImportFrom:
     """``node`` importing from ``new_module``, relative if ``node`` was and it can stay so."""
-    level = len(node.relative)
-    base = relative_base(package, level)
-    if level and base is not None and new_module.startswith(base + "."):
-        rest = new_module[len(base) + 1 :]
-        return node.with_changes(module=dotted_expr(rest))
+    tail = relative_tail(package, len(node.relative), new_module)
+    if tail:
+        return node.with_changes(module=dotted_expr(tail))
     return node.with_changes(module=dotted_expr(new_module), relative=())
 
 
@@ -175,14 +173,9 @@ def module_binding_import(
                                                  asname=cst.AsName(name=cst.Name(name))
                                                  if name != base else None)])
     node = new_from_import(parent, [alias], None, package)
-    if like.relative:
-        level = len(like.relative)
-        rel = relative_base(package, level)
-        if rel is not None and (parent == rel or parent.startswith(rel + ".")):
-            rest = parent[len(rel) + 1 :] if parent != rel else ""
-            node = node.with_changes(
-                relative=like.relative, module=dotted_expr(rest) if rest else None
-            )
+    tail = relative_tail(package, len(like.relative), parent)
+    if tail is not None:
+        node = node.with_changes(relative=like.relative, module=dotted_expr(tail) if tail else None)
     return node
 
 

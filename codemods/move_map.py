@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -91,6 +92,16 @@ class MoveMap:
     def to_json(self) -> str:
         """The canonical text of a map file: what ``derive`` writes and ``--check`` compares."""
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+
+    @cached_property
+    def gone(self) -> frozenset[str]:
+        """Names the old module no longer binds and that have nowhere to be rewritten to."""
+        return frozenset(self.removed) | frozenset(self.unmapped_imports)
+
+    @cached_property
+    def interesting(self) -> frozenset[str]:
+        """Every name whose use through the old module needs an edit or a finding."""
+        return frozenset(self.moved) | frozenset(self.import_origins) | self.gone
 
     def destination(self, name: str) -> str | None:
         """The module a name imported from ``old_module`` should now come from, or None if it stays."""

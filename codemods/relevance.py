@@ -13,14 +13,13 @@ import ast
 from dataclasses import dataclass
 
 from .move_map import MoveMap
-from .resolve import absolute_module, parent_and_base
+from .resolve import absolute_module, may_bind, parent_and_base, path_forms
 
 
 @dataclass(frozen=True)
 class Gate:
     needles: tuple[bytes, ...]
     old: str
-    old_prefixes: frozenset[str]  # "a", "a.b", ... up to the old module itself
     interesting: frozenset[str]  # names that left the old module
     rebound_sources: frozenset[str]  # modules a rebound global may be from-imported from
     rebound: frozenset[str]
@@ -29,26 +28,17 @@ class Gate:
     @classmethod
     def for_map(cls, move_map: MoveMap) -> Gate:
         old = move_map.old_module
-        old_parent, old_base = parent_and_base(old)
+        old_base = parent_and_base(old)[1]
         needles = [old_base.encode()]
         if move_map.rebound_globals:
             needles.append(parent_and_base(move_map.new_module)[1].encode())
-        parts = old.split(".")
-        prefixes = frozenset(".".join(parts[: i + 1]) for i in range(len(parts)))
-        path_forms = ("/".join(parts) + ".py",)
-        if old_parent:
-            path_forms += (f"{parts[-2]}/{old_base}.py",)
         return cls(
             needles=tuple(dict.fromkeys(needles)),
             old=old,
-            old_prefixes=prefixes,
-            interesting=frozenset(move_map.moved)
-            | frozenset(move_map.import_origins)
-            | frozenset(move_map.removed)
-            | frozenset(move_map.unmapped_imports),
+            interesting=move_map.interesting,
             rebound_sources=frozenset({old, move_map.new_module}),
             rebound=move_map.rebound_globals,
-            path_forms=path_forms,
+            path_forms=path_forms(old),
         )
 
     def mentions(self, source: bytes) -> bool:
@@ -76,11 +66,10 @@ class Gate:
                     return True
                 if module in self.rebound_sources and names & self.rebound:
                     return True
-                if any(f"{module}.{n}" in self.old_prefixes for n in names):
+                if any(may_bind(self.old, n, module) for n in names):
                     binds_old_module = True
             elif isinstance(node, ast.Import):
-                if any(a.name in self.old_prefixes or a.name.startswith(self.old + ".")
-                       for a in node.names):
+                if any(may_bind(self.old, a.name) for a in node.names):
                     binds_old_module = True
             elif isinstance(node, ast.Attribute):
                 words.add(node.attr)

@@ -4,21 +4,12 @@
 ``MoveImportsCommand`` (defined in ``command.py``, importable from here as well)
 exposes the same engine to ``python -m libcst.tool codemod``.
 
-A file goes through three steps:
-
-1. *collect* (``collect.py``) - one visit records import statements (with the block
-   they sit in and any try/except around them), attribute uses of names that moved,
-   calls that patch or look up names dynamically, string literals, ``__all__`` and
-   every name in use;
-2. *plan* - decide every edit and finding, one phase per module: ``plan_imports``
-   (from-imports, star imports), ``plan_rebound`` (globals the new module rebinds),
-   ``plan_attributes`` (uses of the old module object), ``plan_calls`` (patch targets,
-   dynamic lookups, strings). Names are resolved by what they are bound to
-   (``module_bindings``; scope analysis, computed only when a module object or a
-   rebound global is involved), relative imports against the file's package; the
-   phases share the tables of ``state.FileState``;
-3. *apply* (``apply.py``) - one transformer swaps the planned nodes; nothing else is
-   regenerated, so bytes outside edited lines stay as they were.
+A file's migration (``migration.Migration``) holds three things: the facts read from
+the file before any edit (``facts.FileFacts``: the parsed module, what ``collect``
+found in one visit, lazily the scope analysis), the edits planned so far
+(``edits.Edits``) and the findings (``report.Reporter``). Rules are plain functions
+of the migration, one module per concern, run in the order of ``RULES``; then
+``apply.Apply`` swaps the planned nodes, so bytes outside edited lines stay as they were.
 """
 
 from __future__ import annotations
@@ -29,11 +20,27 @@ import libcst as cst
 
 from .apply import Apply
 from .findings import Finding
+from .migration import Migration
 from .move_map import MoveMap
-from .plan_calls import CallPlanning
-from .plan_imports import ImportPlanning
+from .plan_attributes import plan_module_attributes, prune_unused_module_bindings
+from .plan_calls import plan_calls
+from .plan_imports import plan_from_imports
+from .plan_star import plan_star_imports
+from .plan_strings import plan_strings
 from .positions import start_positions
 from .relevance import Gate
+
+# The order matters: attribute and call rewrites reach modules through the imports as
+# the from-import rule left them, the string rule skips strings a call accounted for,
+# and pruning needs every rewritten use.
+RULES = (
+    plan_from_imports,
+    plan_module_attributes,
+    plan_calls,
+    plan_star_imports,
+    plan_strings,
+    prune_unused_module_bindings,
+)
 
 
 @dataclass
@@ -44,36 +51,23 @@ class FileOutcome:
     findings: list[Finding] = field(default_factory=list)
 
 
-class _FileMigration(ImportPlanning, CallPlanning):
-    """One file's migration; the constructor collects, ``run`` plans and applies."""
-
-    def run(self) -> tuple[cst.Module, list[Finding]]:
-        # The order matters: attribute and call rewrites reach modules through the
-        # imports as the first phase left them, the string phase skips strings a call
-        # accounted for, and pruning needs every rewritten use.
-        self.plan_from_imports()
-        self.plan_module_attributes()
-        self.plan_calls()
-        self.plan_star_imports()
-        self.plan_dynamic_strings()
-        self.prune_unused_module_bindings()
-        new_module = self.module
-        if self.expr or self.current or self.after or self.after_bindings or self.deleted:
-            new_module = self.module.visit(Apply(self))
-        positions = start_positions(self.module, [r[0] for r in self.raw])
-        findings = []
-        for node, code, symbol, message, fixed in self.raw:
-            line, column = positions.get(node, (1, 1))
-            findings.append(Finding(self.path, line, column, code, symbol, message, fixed))
-        findings.sort(key=lambda f: (f.line, f.column, f.code))
-        return new_module, findings
-
-
 def migrate_module(
     module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None
 ) -> tuple[cst.Module, list[Finding]]:
     """Apply ``move_map`` to a freshly parsed module (it must not share nodes)."""
-    return _FileMigration(module, move_map, package, path).run()
+    migration = Migration.start(module, move_map, package, path)
+    for rule in RULES:
+        rule(migration)
+    original = migration.facts.module
+    new_module = original.visit(Apply(migration.edits)) if migration.edits.any() else original
+    raw = migration.report.raw
+    positions = start_positions(original, [r[0] for r in raw])
+    findings = []
+    for node, code, symbol, message, fixed in raw:
+        line, column = positions.get(node, (1, 1))
+        findings.append(Finding(path, line, column, code, symbol, message, fixed))
+    findings.sort(key=lambda f: (f.line, f.column, f.code))
+    return new_module, findings
 
 
 def migrate_source(
