@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import textwrap
+
+import pytest
+
 from mm_schedule.codemods.findings import RULES
 from mm_schedule.codemods.relevance import fork_warnings
 
@@ -55,3 +60,102 @@ def test_fork_warning_names_the_old_modules_own_file(move_map):
     warnings = fork_warnings(paths, move_map)
     assert [w.path for w in warnings] == [paths[0]]
     assert warnings[0].code == "MMS015" and "MMS015" in RULES and not warnings[0].fixed
+
+
+def _ruff() -> str | None:
+    """The ruff executable next to the installed ruff package, if any."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import ruff
+    except ImportError:
+        return shutil.which("ruff")
+    for candidate in (Path(ruff.__file__).resolve().parents[4] / "bin" / "ruff", shutil.which("ruff")):
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    return None
+
+
+SORTED_BLOCKS = [
+    # a split: the new module sorts before the old one
+    """
+    import os
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    print(os, TokenizedGenerateReqInput, get_embedding_chunk, hash_feature, ScheduleBatch)
+    """,
+    # an import-only name joins a later import of its origin; the statement keeps its place
+    """
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.mm_utils import MultimodalDataItem, get_embedding_chunk
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    print(TokenizedGenerateReqInput, MultimodalDataItem, get_embedding_chunk, ScheduleBatch)
+    """,
+    # names merged into an existing import keep isort's member order
+    """
+    from sglang.srt.managers.mm_schedule import PerImageRequestInfo, init_mm_embedding_cache
+    from sglang.srt.managers.mm_utils import _is_hip, get_embedding_chunk, hash_feature
+
+    print(PerImageRequestInfo, init_mm_embedding_cache, _is_hip, get_embedding_chunk, hash_feature)
+    """,
+    # a long list stays wrapped
+    """
+    from sglang.srt.managers.mm_utils import (
+        PerImageRequestInfo,
+        get_embedding_chunk,
+        hash_feature,
+    )
+
+    print(PerImageRequestInfo, get_embedding_chunk, hash_feature)
+    """,
+]
+
+
+@pytest.mark.parametrize("before", SORTED_BLOCKS)
+def test_new_imports_keep_a_sorted_block_sorted(migrate, before, tmp_path):
+    """ruff's I001 passes on the input and still passes on the output."""
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+
+    def i001(text: str) -> subprocess.CompletedProcess:
+        path = tmp_path / "block.py"
+        path.write_text(text)
+        return subprocess.run([ruff, "check", "--isolated", "--select", "I001", str(path)],
+                              capture_output=True, text=True)
+
+    source = textwrap.dedent(before)
+    assert i001(source).returncode == 0, "the fixture itself must be sorted"
+    after, findings = migrate(before)
+    assert after != source and findings
+    result = i001(after)
+    assert result.returncode == 0, after + result.stdout
+
+
+def test_comment_above_a_moved_name_moves_with_it(check):
+    check(
+        """
+        from sglang.srt.managers.mm_utils import (
+            # the chunk helper
+            get_embedding_chunk,
+            # stays behind
+            hash_feature,
+        )
+        """,
+        """
+        from sglang.srt.managers.mm_schedule import (
+            # the chunk helper
+            get_embedding_chunk,
+        )
+        from sglang.srt.managers.mm_utils import (
+            # stays behind
+            hash_feature,
+        )
+        """,
+        codes=["MMS001"],
+    )
