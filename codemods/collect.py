@@ -34,6 +34,7 @@ class ImportSite:
     index: int  # position of ``line`` in ``block``
     module: str | None  # absolute module of a from-import
     try_ctx: tuple[cst.CSTNode, str] | None  # (Try node, "body" | "handler" | "other")
+    protected: bool = False  # in the old-version branch of an ``if`` on the version
 
 
 @dataclass(eq=False)
@@ -60,10 +61,13 @@ class Collected:
     calls: list[CallSite] = field(default_factory=list)
 
 
-def collect(module: cst.Module, package: str | None, interesting: frozenset[str]) -> Collected:
+def collect(module: cst.Module, package: str | None, interesting: frozenset[str],
+            new_module: str | None = None) -> Collected:
     """Walk ``module`` once; relative imports resolve against ``package``, and only
-    attributes named in ``interesting`` are kept."""
-    collector = Collector(package, interesting)
+    attributes named in ``interesting`` are kept. With ``new_module``, the branches of an
+    ``if`` on a version that do not use it, while another branch does, are left out (the
+    code there is for releases before the split)."""
+    collector = Collector(package, interesting, new_module)
     module.visit(collector)
     return collector.found
 
@@ -72,10 +76,13 @@ class Collector(cst.CSTVisitor):
     """Fills ``found``; the stacks below track which statement list, position and
     try/except the import being visited sits in."""
 
-    def __init__(self, package: str | None, interesting: frozenset[str]) -> None:
+    def __init__(self, package: str | None, interesting: frozenset[str], new_module: str | None = None) -> None:
         super().__init__()
         self.package = package
         self.interesting = interesting
+        self._new_word = new_module.rsplit(".", 1)[-1] if new_module else None
+        self._old_branches: set[cst.CSTNode] = set()  # blocks kept for older releases
+        self._protected = 0
         self.found = Collected()
         self._blocks: list[list] = []  # [owner, next index]
         self._line: cst.CSTNode | None = None
@@ -83,6 +90,7 @@ class Collector(cst.CSTVisitor):
         self._tries: list[tuple[cst.CSTNode, str]] = []
         self._try_tails: dict[cst.CSTNode, cst.CSTNode] = {}
         self._depth = 0  # function/class nesting; __all__ counts only at module level
+        self._seen_elifs: set[cst.CSTNode] = set()
 
     # statement containers -------------------------------------------------------
     def _enter_block(self, node: cst.CSTNode) -> None:
@@ -93,15 +101,19 @@ class Collector(cst.CSTVisitor):
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._enter_block(node)
+        self._protected += node in self._old_branches
 
     def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._blocks.pop()
+        self._protected -= node in self._old_branches
 
     def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
         self._line, self._line_index = node, 0
+        self._protected += node in self._old_branches
 
     def leave_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
         self._line = None
+        self._protected -= node in self._old_branches
 
     def _count_statement(self) -> int:
         if not self._blocks:
@@ -119,6 +131,26 @@ class Collector(cst.CSTVisitor):
 
     def visit_If(self, node: cst.If) -> None:
         self._count_statement()
+        if self._new_word and node not in self._seen_elifs:
+            self._version_branches(node)
+
+    def _version_branches(self, node: cst.If) -> None:
+        """In ``if <version test>: ... elif ...: ... else: ...``, a branch that does not
+        mention the new module while another one does is code for older releases."""
+        branches, tests, current = [], [], node
+        while isinstance(current, cst.If):
+            tests.append(current.test)
+            branches.append(current.body)
+            self._seen_elifs.add(current)
+            current = current.orelse
+        if isinstance(current, cst.Else):
+            branches.append(current.body)
+        code = cst.Module(body=[]).code_for_node
+        if len(branches) < 2 or not any("version" in code(t).lower() for t in tests):
+            return
+        uses_new = [self._new_word in code(b) for b in branches]
+        if any(uses_new):
+            self._old_branches.update(b for b, new in zip(branches, uses_new) if not new)
 
     def _compound(self, node: cst.CSTNode) -> None:
         self._count_statement()
@@ -182,6 +214,7 @@ class Collector(cst.CSTVisitor):
             index=self._line_index,
             module=module,
             try_ctx=self._tries[-1] if self._tries else None,
+            protected=self._protected > 0,
         )
         self.found.sites.append(site)
         for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
@@ -210,7 +243,7 @@ class Collector(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.found.attr_words.add(node.attr.value)
-        if node.attr.value in self.interesting:
+        if node.attr.value in self.interesting and not self._protected:
             self.found.attributes.append(node)
 
     def _stores(self, target: cst.BaseExpression) -> None:
@@ -253,7 +286,8 @@ class Collector(cst.CSTVisitor):
                 self.found.docstrings.update(_parts(node.value))
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        self.found.strings.append(node)
+        if not self._protected:
+            self.found.strings.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted_name(node.func) or ""
@@ -280,7 +314,7 @@ class Collector(cst.CSTVisitor):
                 self.found.all_names.add(text)
             else:
                 self._all_entries(value)
-        if kind:
+        if kind and not self._protected:
             self.found.calls.append(CallSite(kind, node))
 
 

@@ -29,6 +29,9 @@ def plan_from_imports(m: Migration) -> None:
         node = site.node
         if not isinstance(node, cst.ImportFrom) or isinstance(node.names, cst.ImportStar):
             continue
+        if site.protected:
+            edits.kept_sites.add(id(site))
+            continue
         if site.module == facts.new and rebound:
             removed = {
                 id(alias) for alias in node.names

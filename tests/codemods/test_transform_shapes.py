@@ -159,3 +159,63 @@ def test_comment_above_a_moved_name_moves_with_it(check):
         """,
         codes=["MMS001"],
     )
+
+
+def test_optional_import_of_the_old_module_is_flagged(check):
+    source = """
+        try:
+            import sglang.srt.managers.mm_utils as mmu
+        except ImportError:
+            mmu = None
+
+        def chunk(x):
+            if mmu is not None:
+                return mmu.get_embedding_chunk(x)
+            return mmu.hash_feature(x)
+        """
+    findings = check(source, source, codes=["MMS011"])
+    assert findings[0].symbol == "get_embedding_chunk" and findings[0].line == 9
+
+
+def test_old_version_branch_of_a_version_check_is_left_alone(check):
+    check(
+        """
+        from sglang.srt.managers import mm_utils
+        if SGLANG_VERSION >= (0, 5, 18):
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+            mask = mm_utils._get_multimodal_mask
+        elif sglang.__version__.startswith("0.4"):
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        else:
+            get_embedding_chunk = mm_utils.get_embedding_chunk
+        """,
+        """
+        from sglang.srt.managers import mm_utils, mm_schedule
+        if SGLANG_VERSION >= (0, 5, 18):
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+            mask = mm_schedule._get_multimodal_mask
+        elif sglang.__version__.startswith("0.4"):
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        else:
+            get_embedding_chunk = mm_utils.get_embedding_chunk
+        """,
+        codes=["MMS002"],
+    )
+
+
+def test_an_if_that_is_not_about_versions_is_migrated(check):
+    check(
+        """
+        if USE_FAST:
+            from sglang.srt.managers.mm_schedule import get_embedding_and_mask
+        else:
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        """,
+        """
+        if USE_FAST:
+            from sglang.srt.managers.mm_schedule import get_embedding_and_mask
+        else:
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+        """,
+        codes=["MMS001"],
+    )
