@@ -59,6 +59,11 @@ class Collected:
     docstrings: set[cst.CSTNode] = field(default_factory=set)
     strings: list[cst.SimpleString] = field(default_factory=list)
     calls: list[CallSite] = field(default_factory=list)
+    # NAME = "text" assignments (None when a name gets several values): module paths
+    # kept in constants and used to build patch targets
+    constants: dict[str, str | None] = field(default_factory=dict)
+    module_slots: list[cst.BaseExpression] = field(default_factory=list)  # keys into sys.modules
+    annotation_strings: list[cst.SimpleString] = field(default_factory=list)
 
 
 def collect(module: cst.Module, package: str | None, interesting: frozenset[str],
@@ -91,6 +96,7 @@ class Collector(cst.CSTVisitor):
         self._try_tails: dict[cst.CSTNode, cst.CSTNode] = {}
         self._depth = 0  # function/class nesting; __all__ counts only at module level
         self._seen_elifs: set[cst.CSTNode] = set()
+        self._in_annotation = 0
 
     # statement containers -------------------------------------------------------
     def _enter_block(self, node: cst.CSTNode) -> None:
@@ -246,6 +252,18 @@ class Collector(cst.CSTVisitor):
         if node.attr.value in self.interesting and not self._protected:
             self.found.attributes.append(node)
 
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if dotted_name(node.value) == "sys.modules" and len(node.slice) == 1 and not self._protected:
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index):
+                self.found.module_slots.append(index.value)
+
+    def visit_Annotation(self, node: cst.Annotation) -> None:
+        self._in_annotation += 1
+
+    def leave_Annotation(self, node: cst.Annotation) -> None:
+        self._in_annotation -= 1
+
     def _stores(self, target: cst.BaseExpression) -> None:
         if isinstance(target, cst.Attribute):
             self.found.stores.add(target)
@@ -254,6 +272,12 @@ class Collector(cst.CSTVisitor):
                 self._stores(element.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            text = literal(node.value)
+            if text is not None:
+                name = node.targets[0].target.value
+                known = self.found.constants
+                known[name] = text if known.get(name, text) == text else None
         for target in node.targets:
             self._stores(target.target)
             if self._depth == 0 and _is_name(target.target, "__all__"):
@@ -288,6 +312,8 @@ class Collector(cst.CSTVisitor):
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
         if not self._protected:
             self.found.strings.append(node)
+            if self._in_annotation:
+                self.found.annotation_strings.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted_name(node.func) or ""
@@ -303,6 +329,13 @@ class Collector(cst.CSTVisitor):
             kind = "patch"
         elif name.endswith("patch.object"):
             kind = "object"
+        elif name.endswith("patch.dict") and node.args and dotted_name(node.args[0].value) == "sys.modules":
+            if len(node.args) > 1 and isinstance(node.args[1].value, cst.Dict):
+                self.found.module_slots.extend(
+                    e.key for e in node.args[1].value.elements if isinstance(e, cst.DictElement)
+                )
+        elif name in ("sys.modules.setdefault", "sys.modules.pop", "sys.modules.get") and node.args:
+            self.found.module_slots.append(node.args[0].value)
         elif name.endswith("patch.multiple"):
             kind = "multiple"
         elif last in ("setattr", "delattr"):

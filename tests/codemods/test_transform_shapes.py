@@ -219,3 +219,52 @@ def test_an_if_that_is_not_about_versions_is_migrated(check):
         """,
         codes=["MMS001"],
     )
+
+
+def test_patch_targets_built_from_a_module_constant_are_flagged(check):
+    source = '''
+        import sys
+        from unittest import mock
+        MM = "sglang.srt.managers.mm_utils"
+
+        def test_it(monkeypatch):
+            with mock.patch(f"{MM}.get_embedding_chunk"):
+                pass
+            mock.patch(MM + "._get_multimodal_mask")
+            mock.patch("{}.{}".format(MM, "get_embedding_chunk"))
+            monkeypatch.setattr(f"{MM}.get_embedding_chunk", None)
+            mock.patch(f"{MM}.hash_feature")  # stays in the old module: nothing to say
+            sys.modules["sglang.srt.managers.mm_utils"] = object()
+            sys.modules[MM] = object()
+        '''
+    findings = check(source, source)
+    assert [(f.line, f.code) for f in findings] == [
+        (7, "MMS012"), (9, "MMS012"), (10, "MMS012"), (11, "MMS012"), (13, "MMS013"), (14, "MMS013"),
+    ]
+
+
+def test_sys_modules_stub_through_patch_dict_is_flagged(check):
+    source = """
+        import sys
+        from unittest import mock
+        mock.patch.dict(sys.modules, {"sglang.srt.managers.mm_utils": object()})
+        """
+    check(source, source, codes=["MMS013"])
+
+
+def test_doctests_and_string_annotations_naming_moved_names_are_flagged(check):
+    source = '''
+        from sglang.srt.managers import mm_utils
+
+        def chunk(info: "mm_utils.PerImageRequestInfo", x) -> "mm_utils.hash_feature":
+            """Take one chunk.
+
+            >>> from sglang.srt.managers.mm_utils import get_embedding_chunk
+            >>> mm_utils.get_embedding_and_mask  # re-exported: still fine
+            """
+            return info
+        '''
+    findings = check(source, source)
+    assert [(f.line, f.code, f.symbol) for f in findings] == [
+        (4, "MMS014", "PerImageRequestInfo"), (7, "MMS014", "get_embedding_chunk"),
+    ]
