@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from .resolve import dotted_expr, parent_and_base, relative_base
+from .resolve import dotted_expr, parent_and_base, relative_tail
 
 
 def _multiline(node: cst.ImportFrom) -> bool:
@@ -56,8 +56,11 @@ def _leading_lines(source: cst.ImportFrom, alias: cst.ImportAlias) -> Sequence[c
     """Comment lines written just above ``alias`` inside a multi-line list."""
     names = list(source.names)
     pos = next((k for k, a in enumerate(names) if a is alias), None)
-    if not pos:
+    if pos is None:
         return ()
+    if pos == 0:
+        opening = source.lpar.whitespace_after if source.lpar is not None else None
+        return opening.empty_lines if isinstance(opening, cst.ParenthesizedWhitespace) else ()
     prev = names[pos - 1].comma
     if isinstance(prev, cst.Comma) and isinstance(prev.whitespace_after, cst.ParenthesizedWhitespace):
         return prev.whitespace_after.empty_lines
@@ -120,6 +123,15 @@ def with_aliases(
             )
         out.append(alias.with_changes(comma=cst.Comma(whitespace_after=whitespace)))
     changes: dict = {"names": out}
+    if multiline:
+        # comment lines above the first name travel with it
+        first, first_source = entries[0]
+        opening = node.lpar.whitespace_after
+        leading = _leading_lines(first_source or node, first)
+        if list(leading) != list(opening.empty_lines):
+            changes["lpar"] = node.lpar.with_changes(
+                whitespace_after=opening.with_changes(empty_lines=leading)
+            )
     if multiline and out[-1] is not last_original and node.rpar is not None:
         changes["rpar"] = node.rpar.with_changes(whitespace_before=cst.SimpleWhitespace(""))
     return node.with_changes(**changes)
@@ -131,11 +143,9 @@ def module_expr(module: str) -> cst.Name | cst.Attribute:
 
 def retarget(node: cst.ImportFrom, new_module: str, package: str | None) -> cst.ImportFrom:
     """``node`` importing from ``new_module``, relative if ``node`` was and it can stay so."""
-    level = len(node.relative)
-    base = relative_base(package, level)
-    if level and base is not None and new_module.startswith(base + "."):
-        rest = new_module[len(base) + 1 :]
-        return node.with_changes(module=dotted_expr(rest))
+    tail = relative_tail(package, len(node.relative), new_module)
+    if tail:
+        return node.with_changes(module=dotted_expr(tail))
     return node.with_changes(module=dotted_expr(new_module), relative=())
 
 
@@ -175,14 +185,9 @@ def module_binding_import(
                                                  asname=cst.AsName(name=cst.Name(name))
                                                  if name != base else None)])
     node = new_from_import(parent, [alias], None, package)
-    if like.relative:
-        level = len(like.relative)
-        rel = relative_base(package, level)
-        if rel is not None and (parent == rel or parent.startswith(rel + ".")):
-            rest = parent[len(rel) + 1 :] if parent != rel else ""
-            node = node.with_changes(
-                relative=like.relative, module=dotted_expr(rest) if rest else None
-            )
+    tail = relative_tail(package, len(like.relative), parent)
+    if tail is not None:
+        node = node.with_changes(relative=like.relative, module=dotted_expr(tail) if tail else None)
     return node
 
 
@@ -193,3 +198,16 @@ def alias_binding(alias: cst.ImportAlias) -> str | None:
     if isinstance(alias.name, cst.Name):
         return alias.name.value
     return None
+
+
+def has_comments(node: cst.ImportFrom, aliases: Sequence[cst.ImportAlias]) -> bool:
+    """Whether any of ``aliases`` has a comment after it or on a line above it in ``node``."""
+    names = list(node.names)
+    for alias in aliases:
+        pos = next((k for k, a in enumerate(names) if a is alias), None)
+        if pos is None:
+            continue
+        own = _own_comment(node, alias, pos == len(names) - 1)
+        if own.comment is not None or any(e.comment for e in _leading_lines(node, alias)):
+            return True
+    return False

@@ -1,4 +1,4 @@
-"""How the plan reaches module objects: resolving them, and binding new ones.
+"""How rules reach module objects: resolving them, and binding new ones.
 
 Uses are resolved by what a name is bound to, never by its text: ``resolve_module``
 follows scope analysis from an expression to the import that bound it, so a module
@@ -17,152 +17,192 @@ from libcst.metadata.scope_provider import ImportAssignment
 
 from .collect import ImportSite
 from .imports import alias_binding, module_binding_import, with_aliases
+from .migration import Migration
 from .resolve import dotted_expr, dotted_name, parent_and_base
-from .state import FileState
 
 
-class ModuleBindings(FileState):
-    def _free_name(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.names_seen:
-            name, k = f"{base}_{k}", k + 1
-        self.names_seen.add(name)
-        return name
+def free_name(m: Migration, base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``... whichever the file does not use yet."""
+    taken = m.edits.taken_names
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}_{k}", k + 1
+    taken.add(name)
+    return name
 
-    def _single_binding(self, site: ImportSite, name: str) -> bool:
-        """An existing binding is reused only if nothing else binds the name in its scope."""
-        scope = self.scopes.get(site.node)
-        return scope is not None and len(list(scope[name])) == 1
 
-    def module_ref(self, site: ImportSite, dest: str) -> str:
-        """A dotted expression that reaches module ``dest`` wherever ``site``'s bindings
-        are visible: an existing binding in the same block, or one added next to ``site``."""
-        dotted_style = isinstance(site.node, cst.Import) and all(a.asname is None for a in site.node.names)
-        key = (id(site.block), site.index, dest, dotted_style)
-        if key in self._module_refs:
-            return self._module_refs[key]
-        parent, base = parent_and_base(dest)
-        ref = None
-        for other in self.sites:
-            if other.block is not site.block or other.index > site.index or other.node in self.deleted:
-                continue
-            node = self._current(other.node)
-            if isinstance(node, cst.Import):
-                for alias in node.names:
-                    if dotted_name(alias.name) != dest:
-                        continue
-                    if alias.asname is None and self._single_binding(other, dest.split(".")[0]):
-                        ref = dest
-                    elif alias.asname is not None and self._single_binding(other, alias_binding(alias)):
-                        ref = alias_binding(alias)
-            elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-                if self.current_module.get(other.node, other.module) != parent:
-                    continue
-                for alias in node.names:
-                    if isinstance(alias.name, cst.Name) and alias.name.value == base:
-                        bound = alias_binding(alias)
-                        # a name this run added is absent from the scope analysis (made on
-                        # the original tree), and it was chosen to be free, so trust it
-                        if bound in self._fresh or (bound and self._single_binding(other, bound)):
-                            ref = bound
-            if ref:
-                break
-        if ref is None:
-            ref = next(
-                (r for block, index, module, r in self._added
-                 if block is site.block and index <= site.index and module == dest
-                 and (r == dest) == dotted_style),
-                None,
-            )
-        if ref is None:
-            ref = self._add_binding(site, dest, dotted_style)
-            self._added.append((site.block, site.index, dest, ref))
-        self._module_refs[key] = ref
-        return ref
+def single_binding(m: Migration, site: ImportSite, name: str) -> bool:
+    """An existing binding is reused only if nothing else binds the name in its scope."""
+    scope = m.facts.scopes.get(site.node)
+    return scope is not None and len(list(scope[name])) == 1
 
-    def _add_binding(self, site: ImportSite, dest: str, dotted_style: bool) -> str:
-        parent, base = parent_and_base(dest)
-        node = site.node
-        if dotted_style:
-            self.after_bindings.setdefault(node, []).append(
-                cst.Import(names=[cst.ImportAlias(name=dotted_expr(dest))])
-            )
-            return dest
-        name = self._free_name(base)
-        self._fresh.add(name)
-        current = self._current(node)
-        if (
-            isinstance(current, cst.ImportFrom)
-            and not isinstance(current.names, cst.ImportStar)
-            and self.current_module.get(node, site.module) == parent
-            and node not in self.deleted
-        ):
-            alias = cst.ImportAlias(
-                name=cst.Name(base), asname=cst.AsName(name=cst.Name(name)) if name != base else None
-            )
-            holder = cst.ImportFrom(module=cst.Name("_"), names=[alias])
-            self.current[node] = with_aliases(
-                current, [(a, None) for a in current.names] + [(alias, holder)]
-            )
-            return name
-        self.after_bindings.setdefault(node, []).append(
-            module_binding_import(dest, name, current, self.package)
+
+def module_ref(m: Migration, site: ImportSite, dest: str) -> str:
+    """A dotted expression that reaches module ``dest`` wherever ``site``'s bindings are
+    visible: an existing binding in the same block, or one added next to ``site``."""
+    edits = m.edits
+    dotted_style = isinstance(site.node, cst.Import) and all(a.asname is None for a in site.node.names)
+    key = (id(site.block), site.index, dest, dotted_style)
+    if key in edits.module_refs:
+        return edits.module_refs[key]
+    ref = _existing_ref(m, site, dest)
+    if ref is None:
+        ref = next(
+            (r for block, index, module, r in edits.added_bindings
+             if block is site.block and index <= site.index and module == dest
+             and (r == dest) == dotted_style),
+            None,
         )
-        return name
+    if ref is None:
+        ref = _add_binding(m, site, dest, dotted_style)
+        edits.added_bindings.append((site.block, site.index, dest, ref))
+    edits.module_refs[key] = ref
+    return ref
 
-    def _assignment_module(self, assignment) -> str | None:
-        if not isinstance(assignment, ImportAssignment):
-            return None
-        node = assignment.node
+
+def _existing_ref(m: Migration, site: ImportSite, dest: str) -> str | None:
+    """A binding of ``dest`` made at or before ``site`` in its block that nothing rebinds."""
+    edits = m.edits
+    parent, base = parent_and_base(dest)
+    for other in m.facts.sites:
+        if other.block is not site.block or other.index > site.index or other.node in edits.deleted:
+            continue
+        node = edits.current(other.node)
+        ref = None
         if isinstance(node, cst.Import):
             for alias in node.names:
-                full = dotted_name(alias.name) or ""
-                if alias.asname is not None:
-                    if alias_binding(alias) == assignment.name:
-                        return full
-                elif full == assignment.name or full.startswith(assignment.name + "."):
-                    return assignment.name
-            return None
-        if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-            site = self._site_of(node)
-            module = site.module if site else None
-            if module is None:
-                return None
+                if dotted_name(alias.name) != dest:
+                    continue
+                if alias.asname is None and single_binding(m, other, dest.split(".")[0]):
+                    ref = dest
+                elif alias.asname is not None and single_binding(m, other, alias_binding(alias)):
+                    ref = alias_binding(alias)
+        elif isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+            if edits.module_of(other) != parent:
+                continue
             for alias in node.names:
-                if alias_binding(alias) == assignment.name and isinstance(alias.name, cst.Name):
-                    return f"{module}.{alias.name.value}"
+                if isinstance(alias.name, cst.Name) and alias.name.value == base:
+                    bound = alias_binding(alias)
+                    # a name this run added is absent from the scope analysis (made on
+                    # the original tree), and it was chosen to be free, so trust it
+                    if bound in edits.fresh_names or (bound and single_binding(m, other, bound)):
+                        ref = bound
+        if ref:
+            return ref
+    return None
+
+
+def _add_binding(m: Migration, site: ImportSite, dest: str, dotted_style: bool) -> str:
+    edits = m.edits
+    parent, base = parent_and_base(dest)
+    node = site.node
+    if dotted_style:
+        _add_statement(m, site, cst.Import(names=[cst.ImportAlias(name=dotted_expr(dest))]))
+        return dest
+    name = free_name(m, _alias_like(m, site, base))
+    edits.fresh_names.add(name)
+    current = edits.current(node)
+    if (
+        isinstance(current, cst.ImportFrom)
+        and not isinstance(current.names, cst.ImportStar)
+        and edits.module_of(site) == parent
+        and node not in edits.deleted
+    ):
+        alias = cst.ImportAlias(
+            name=cst.Name(base), asname=cst.AsName(name=cst.Name(name)) if name != base else None
+        )
+        holder = cst.ImportFrom(module=cst.Name("_"), names=[alias])
+        edits.statements[node] = with_aliases(
+            current, [(a, None) for a in current.names] + [(alias, holder)]
+        )
+        return name
+    _add_statement(m, site, module_binding_import(dest, name, current, m.facts.package))
+    return name
+
+
+def _statement_key(statement: cst.CSTNode) -> str:
+    if isinstance(statement, cst.Import):
+        return (dotted_name(statement.names[0].name) or "").lower()
+    if isinstance(statement, cst.ImportFrom):
+        return ("." * len(statement.relative) + (dotted_name(statement.module) or "")).lower()
+    return ""
+
+
+def _add_statement(m: Migration, site: ImportSite, statement: cst.BaseSmallStatement) -> None:
+    """``statement`` next to ``site``: before it when import sorting puts it first (and
+    the import has a line of its own), else after it."""
+    edits = m.edits
+    current = edits.current(site.node)
+    own_line = isinstance(site.line, cst.SimpleStatementLine) and len(site.line.body) == 1
+    if own_line and type(statement) is type(current) and _statement_key(statement) < _statement_key(current):
+        edits.placed_before.setdefault(site.node, []).append(statement)
+    else:
+        edits.bindings_after.setdefault(site.node, []).append(statement)
+
+
+def _alias_like(m: Migration, site: ImportSite, base: str) -> str:
+    """The name for a new binding of module ``base``: the user's alias for the old module
+    with the old base name swapped (``mm_utils_mod`` -> ``mm_schedule_mod``), so both
+    read alike; the plain base name otherwise."""
+    old_parent, old_base = parent_and_base(m.facts.old)
+    for alias in site.node.names if not isinstance(site.node.names, cst.ImportStar) else ():
+        bound = alias_binding(alias)
+        if alias.asname is None or not bound or old_base not in bound or bound == old_base:
+            continue
+        binds_old = (dotted_name(alias.name) == m.facts.old if isinstance(site.node, cst.Import)
+                     else site.module == old_parent and dotted_name(alias.name) == old_base)
+        if binds_old:
+            return bound.replace(old_base, base)
+    return base
+
+
+def _assignment_module(m: Migration, assignment) -> str | None:
+    """The dotted module an import assignment binds its name to, or None."""
+    if not isinstance(assignment, ImportAssignment):
         return None
+    node = assignment.node
+    if isinstance(node, cst.Import):
+        for alias in node.names:
+            full = dotted_name(alias.name) or ""
+            if alias.asname is not None:
+                if alias_binding(alias) == assignment.name:
+                    return full
+            elif full == assignment.name or full.startswith(assignment.name + "."):
+                return assignment.name
+        return None
+    if isinstance(node, cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+        site = m.facts.site_of(node)
+        module = site.module if site else None
+        if module is None:
+            return None
+        for alias in node.names:
+            if alias_binding(alias) == assignment.name and isinstance(alias.name, cst.Name):
+                return f"{module}.{alias.name.value}"
+    return None
 
-    def resolve_module(self, expr: cst.BaseExpression):
-        """(dotted module the expression evaluates to, import assignments) or (None, ())."""
-        refs = self.referents.get(expr)
-        if refs is not None:
-            paths = {self._assignment_module(a) for a in refs}
-            if len(paths) == 1 and None not in paths and refs:
-                return paths.pop(), refs
-            return None, ()
-        if isinstance(expr, cst.Attribute):
-            base, refs = self.resolve_module(expr.value)
-            if base is not None:
-                return f"{base}.{expr.attr.value}", refs
+
+def resolve_module(m: Migration, expr: cst.BaseExpression):
+    """(dotted module the expression evaluates to, import assignments) or (None, ())."""
+    refs = m.facts.referents.get(expr)
+    if refs is not None:
+        paths = {_assignment_module(m, a) for a in refs}
+        if len(paths) == 1 and None not in paths and refs:
+            return paths.pop(), refs
         return None, ()
+    if isinstance(expr, cst.Attribute):
+        base, refs = resolve_module(m, expr.value)
+        if base is not None:
+            return f"{base}.{expr.attr.value}", refs
+    return None, ()
 
-    def _binds_old_module(self) -> bool:
-        """Whether any import could bind the old module object (or a package above it).
-        Without one no expression can evaluate to it, so scope analysis is skipped."""
-        old_prefixes = set()
-        parts = self.old.split(".")
-        for i in range(len(parts)):
-            old_prefixes.add(".".join(parts[: i + 1]))
-        for site in self.sites:
-            node = site.node
-            if isinstance(node, cst.Import):
-                if any((dotted_name(a.name) or "") in old_prefixes
-                       or (dotted_name(a.name) or "").startswith(self.old + ".")
-                       for a in node.names):
-                    return True
-            elif site.module and not isinstance(node.names, cst.ImportStar):
-                if any(isinstance(a.name, cst.Name) and f"{site.module}.{a.name.value}" in old_prefixes
-                       for a in node.names):
-                    return True
+
+def optional_binding(m: Migration, expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is a name that imports bind to the old module and a plain
+    assignment binds otherwise (``try: import old as m`` / ``except ImportError: m = None``)."""
+    refs = m.facts.referents.get(expr)
+    if not refs:
         return False
+    imports = [r for r in refs if isinstance(r, ImportAssignment)]
+    return bool(imports) and len(imports) < len(refs) and all(
+        _assignment_module(m, r) == m.facts.old for r in imports
+    )

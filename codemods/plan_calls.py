@@ -1,12 +1,12 @@
-"""Calls and strings that reach old-module names dynamically.
+"""Rule: calls that reach old-module names through their arguments.
 
 ``mock.patch("old.name")``, ``patch.object(old, "name")``, ``patch.multiple``,
 ``monkeypatch.setattr``, ``setattr``/``getattr`` and ``importlib.import_module("old")``
-name the old module through arguments that the import and attribute phases never see.
+name the old module through arguments that the import and attribute rules never see.
 A patch of a name that moved to the new module alone is retargeted (the string
 rewritten when it has no escapes, the module expression through ``module_ref``), since
 the moved code now looks the name up there; lookups and dynamic imports are only
-reported, as is any other string that names the old module.
+reported.
 """
 
 from __future__ import annotations
@@ -16,9 +16,35 @@ import re
 import libcst as cst
 
 from .collect import literal
-from .plan_attributes import AttributePlanning
-from .relevance import Gate
-from .resolve import dotted_expr
+from .migration import Migration
+from .module_bindings import module_ref, resolve_module
+from .plan_attributes import old_site_write
+from .resolve import dotted_expr, dotted_name
+
+
+def plan_calls(m: Migration) -> None:
+    for call in m.facts.found.calls:
+        node = call.node
+        if call.kind == "patch":
+            _string_target(m, _argument(node, 0, "target"))
+        elif call.kind == "monkeypatch":
+            first = _argument(node, 0, "target")
+            if isinstance(first, cst.SimpleString) and "." in (literal(first) or ""):
+                _string_target(m, first)
+            elif isinstance(first, (cst.FormattedString, cst.BinaryOperation, cst.Call)):
+                _computed_target(m, first, "patch")
+            else:
+                _object_target(m, node, first, _argument(node, 1, "name"), "patch")
+        elif call.kind == "object":
+            _object_target(m, node, _argument(node, 0, "target"), _argument(node, 1, "attribute"), "patch")
+        elif call.kind == "setattr":
+            _object_target(m, node, _argument(node, 0), _argument(node, 1), "setattr")
+        elif call.kind == "multiple":
+            _multiple(m, node)
+        elif call.kind == "getattr":
+            _dynamic_lookup(m, node)
+        elif call.kind == "import":
+            _dynamic_import(m, node)
 
 
 def _argument(call: cst.Call, position: int, keyword: str | None = None):
@@ -41,144 +67,200 @@ def _with_literal(node: cst.SimpleString, text: str) -> cst.SimpleString | None:
     return node.with_changes(value=f"{node.prefix}{node.quote}{text}{node.quote}")
 
 
-class CallPlanning(AttributePlanning):
-    def plan_calls(self) -> None:
-        for call in self.calls:
-            node = call.node
-            if call.kind == "patch":
-                self._string_target(_argument(node, 0, "target"))
-            elif call.kind == "monkeypatch":
-                first = _argument(node, 0, "target")
-                if isinstance(first, cst.SimpleString) and "." in (literal(first) or ""):
-                    self._string_target(first)
-                else:
-                    self._object_target(node, first, _argument(node, 1, "name"), "patch")
-            elif call.kind == "object":
-                self._object_target(node, _argument(node, 0, "target"),
-                                    _argument(node, 1, "attribute"), "patch")
-            elif call.kind == "setattr":
-                self._object_target(node, _argument(node, 0), _argument(node, 1), "setattr")
-            elif call.kind == "multiple":
-                self._multiple(node)
-            elif call.kind == "getattr":
-                self._dynamic_lookup(node)
-            elif call.kind == "import":
-                self._dynamic_import(node)
+def approximate(expr, constants: dict[str, str | None]) -> str | None:
+    """The text a string expression builds, with ``\0`` for what cannot be known here:
+    literals, f-strings, ``+``, ``"...".format(...)`` and names bound once to a literal."""
+    if isinstance(expr, cst.SimpleString):
+        return literal(expr)
+    if isinstance(expr, cst.Name):
+        return constants.get(expr.value) or "\0"
+    if isinstance(expr, cst.ConcatenatedString):
+        left, right = approximate(expr.left, constants), approximate(expr.right, constants)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, cst.FormattedString):
+        out = []
+        for part in expr.parts:
+            if isinstance(part, cst.FormattedStringText):
+                out.append(part.value)
+            else:
+                out.append(approximate(part.expression, constants) or "\0")
+        return "".join(out)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        left, right = approximate(expr.left, constants), approximate(expr.right, constants)
+        return None if left is None and right is None else (left or "\0") + (right or "\0")
+    if (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value == "format"):
+        template = approximate(expr.func.value, constants)
+        if template is None:
+            return None
+        values = [approximate(a.value, constants) or "\0" for a in expr.args if a.keyword is None]
+        named = {a.keyword.value: approximate(a.value, constants) or "\0" for a in expr.args if a.keyword}
+        position = iter(values)
 
-    def _string_target(self, string) -> None:
-        """``patch("old.name...")``: rewritten when the name moved to the new module alone."""
-        text = literal(string) if string is not None else None
-        if text is None or not text.startswith(self.old + "."):
-            return
-        self.handled_strings.add(string)
-        name = text[len(self.old) + 1 :].split(".")[0]
-        if name not in self.interesting:
-            return
-        if name in self.map.moved and name not in self.map.reexported:
-            replacement = _with_literal(string, self.new + text[len(self.old) :])
-            if replacement is None:
-                self.report(string, "MMS007", name, f"patch target {text!r}: {name!r} moved to "
-                            f"{self.new}; string has escapes, not rewritten", False)
-                return
-            self.expr[string] = replacement
-            self.report_move(string, name, self.new, "patch target")
-            return
-        self._old_site_write(string, name, None, (), "patch")
+        def field(match: re.Match) -> str:
+            key = match.group(1)
+            if not key:
+                return next(position, "\0")
+            if key.isdigit():
+                return values[int(key)] if int(key) < len(values) else "\0"
+            return named.get(key, "\0")
 
-    def _object_target(self, call: cst.Call, obj, attribute, how: str) -> None:
-        """``patch.object(old, "name")`` and ``setattr(old, "name", v)``."""
-        name = literal(attribute) if attribute is not None else None
-        if obj is None or name is None or name not in self.interesting:
-            return
-        if not self._binds_old_module():
-            return
-        module, refs = self.resolve_module(obj)
-        if module != self.old:
-            return
-        self.handled_strings.add(attribute)
-        self._old_site_write(call, name, obj, refs, how)
+        return re.sub(r"\{([^{}!:]*)[^{}]*\}", field, template)
+    return None
 
-    def _multiple(self, call: cst.Call) -> None:
-        """``patch.multiple(old, a=..., b=...)`` patches one module, so it can follow the
-        names only when all of them moved to the new module alone."""
-        target = _argument(call, 0, "target")
-        names = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value != "target"]
-        hits = [n for n in names if n in self.interesting]
-        if target is None or not hits:
+
+def _computed_target(m: Migration, expr, how: str) -> None:
+    """A patch target built at run time that names a name which left the old module."""
+    facts = m.facts
+    text = approximate(expr, facts.found.constants)
+    if text is None:
+        return
+    names = [n for n in re.findall(re.escape(facts.old) + r"\.(\w+)", text) if n in facts.map.interesting]
+    if names:
+        m.report(expr, "MMS012", names[0],
+                 f"{how} target built at run time names {facts.old}.{names[0]}, which moved to "
+                 f"{facts.map.destination(names[0])}; not rewritten", False)
+
+
+def _string_target(m: Migration, string) -> None:
+    """``patch("old.name...")``: rewritten when the name moved to the new module alone."""
+    facts = m.facts
+    old, new, move_map = facts.old, facts.new, facts.map
+    if string is not None and not isinstance(string, cst.SimpleString):
+        _computed_target(m, string, "patch")
+        return
+    text = literal(string) if string is not None else None
+    if text is None or not text.startswith(old + "."):
+        return
+    m.edits.handled_strings.add(string)
+    name = text[len(old) + 1 :].split(".")[0]
+    if name not in move_map.interesting:
+        return
+    if name in move_map.moved and name not in move_map.reexported:
+        replacement = _with_literal(string, new + text[len(old) :])
+        if replacement is None:
+            m.report(string, "MMS007", name, f"patch target {text!r}: {name!r} moved to "
+                     f"{new}; string has escapes, not rewritten", False)
             return
-        text = literal(target)
+        m.edits.expressions[string] = replacement
+        m.report.move(string, name, new, "patch target")
+        return
+    old_site_write(m, string, name, None, (), "patch")
+
+
+def _object_target(m: Migration, call: cst.Call, obj, attribute, how: str) -> None:
+    """``patch.object(old, "name")`` and ``setattr(old, "name", v)``."""
+    name = literal(attribute) if attribute is not None else None
+    if obj is None or name is None or name not in m.facts.map.interesting:
+        return
+    if not m.facts.binds_old_module:
+        return
+    module, refs = resolve_module(m, obj)
+    if module != m.facts.old:
+        return
+    m.edits.handled_strings.add(attribute)
+    old_site_write(m, call, name, obj, refs, how)
+
+
+def _multiple(m: Migration, call: cst.Call) -> None:
+    """``patch.multiple(old, a=..., b=...)`` patches one module, so it can follow the
+    names only when all of them moved to the new module alone."""
+    facts, edits = m.facts, m.edits
+    old, new, move_map = facts.old, facts.new, facts.map
+    target = _argument(call, 0, "target")
+    names = [a.keyword.value for a in call.args if a.keyword is not None and a.keyword.value != "target"]
+    hits = [n for n in names if n in move_map.interesting]
+    if target is None or not hits:
+        return
+    text = literal(target)
+    if text is not None:
+        if text != old:
+            return
+        edits.handled_strings.add(target)
+        refs = ()
+    else:
+        if not facts.binds_old_module:
+            return
+        module, refs = resolve_module(m, target)
+        if module != old:
+            return
+    if all(n in move_map.moved and n not in move_map.reexported for n in names):
         if text is not None:
-            if text != self.old:
-                return
-            self.handled_strings.add(target)
-            refs = ()
-        else:
-            if not self._binds_old_module():
-                return
-            module, refs = self.resolve_module(target)
-            if module != self.old:
-                return
-        if all(n in self.map.moved and n not in self.map.reexported for n in names):
-            if text is not None:
-                replacement = _with_literal(target, self.new)
-                if replacement is not None:
-                    self.expr[target] = replacement
-                    for n in hits:
-                        self.report_move(call, n, self.new, "patch.multiple")
-                    return
-            elif len(refs) == 1 and self._site_of(refs[0].node) is not None:
-                site = self._site_of(refs[0].node)
-                self.expr[target] = dotted_expr(self.module_ref(site, self.new))
-                self._rewritten_uses.add(id(target))
-                self._touched[id(refs[0])] = (refs[0], site)
+            replacement = _with_literal(target, new)
+            if replacement is not None:
+                edits.expressions[target] = replacement
                 for n in hits:
-                    self.report_move(call, n, self.new, "patch.multiple")
+                    m.report.move(call, n, new, "patch.multiple")
                 return
-        self.report(call, "MMS005", ",".join(hits),
-                    f"patch.multiple on {self.old} names {', '.join(hits)}: they do not all live in "
-                    f"{self.new} only; split the patch by module", False)
-
-    def _dynamic_lookup(self, call: cst.Call) -> None:
-        obj, attribute = _argument(call, 0), _argument(call, 1)
-        name = literal(attribute) if attribute is not None else None
-        if obj is None or name not in self.interesting or not self._binds_old_module():
+        elif len(refs) == 1 and facts.site_of(refs[0].node) is not None:
+            site = facts.site_of(refs[0].node)
+            edits.expressions[target] = dotted_expr(module_ref(m, site, new))
+            edits.rewritten_uses.add(id(target))
+            edits.touched_bindings[id(refs[0])] = (refs[0], site)
+            for n in hits:
+                m.report.move(call, n, new, "patch.multiple")
             return
-        module, _ = self.resolve_module(obj)
-        if module != self.old:
-            return
-        self.handled_strings.add(attribute)
-        self.report(call, "MMS007", name, f"dynamic lookup of {name!r} on {self.old}; it moved to "
-                    f"{self.map.destination(name)}; not rewritten", False)
+    m.report(call, "MMS005", ",".join(hits),
+             f"patch.multiple on {old} names {', '.join(hits)}: they do not all live in "
+             f"{new} only; split the patch by module", False)
 
-    def _dynamic_import(self, call: cst.Call) -> None:
-        target = _argument(call, 0, "name")
-        if literal(target) != self.old:
-            return
-        self.handled_strings.add(target)
-        used = sorted(self.interesting & (self.attr_words | {(literal(s) or "") for s in self.strings}))
-        if used:
-            self.report(call, "MMS007", ",".join(used),
-                        f"{self.old} imported dynamically and {', '.join(used)} used in this file; "
-                        f"those moved (to {self.new} or their origin); not rewritten", False)
 
-    def plan_dynamic_strings(self) -> None:
-        """Strings no call above accounted for: a dotted name or a file path of the old
-        module is reported (it may be a lookup this pass cannot follow), never rewritten.
-        Docstrings are prose and skipped."""
-        gate = Gate.for_map(self.map)
-        pattern = re.compile(re.escape(self.old) + r"\.(\w+)")
-        for string in self.strings:
-            if string in self.handled_strings or string in self.docstrings:
-                continue
-            text = literal(string)
-            if text is None:
-                continue
-            names = [m for m in pattern.findall(text) if m in self.interesting]
-            if names:
-                self.report(string, "MMS007", names[0],
-                            f"string names {self.old}.{names[0]}, which moved to "
-                            f"{self.map.destination(names[0])}; not rewritten", False)
-            elif any(form in text for form in gate.path_forms):
-                self.report(string, "MMS008", self.old,
-                            f"file path of {self.old}; moved names now live in {self.new}; "
-                            "not rewritten", False)
+def _dynamic_lookup(m: Migration, call: cst.Call) -> None:
+    """``getattr(old, "name")`` / ``hasattr``: treated like ``setattr``. A name that moved
+    to the new module alone is looked up there (the old module no longer has it); a
+    re-exported one still resolves on the old module and needs nothing; an import-only
+    name is reported."""
+    facts = m.facts
+    obj, attribute = _argument(call, 0), _argument(call, 1)
+    name = literal(attribute) if attribute is not None else None
+    if obj is None or name not in facts.map.interesting or not facts.binds_old_module:
+        return
+    module, refs = resolve_module(m, obj)
+    if module != facts.old:
+        return
+    m.edits.handled_strings.add(attribute)
+    move_map = facts.map
+    if name in move_map.reexported:
+        return
+    how = dotted_name(call.func) or "getattr"
+    site = facts.site_of(refs[0].node) if len(refs) == 1 else None
+    if name in move_map.moved and site is not None:
+        m.edits.expressions[obj] = dotted_expr(module_ref(m, site, facts.new))
+        m.edits.rewritten_uses.add(id(obj))
+        m.edits.touched_bindings[id(refs[0])] = (refs[0], site)
+        m.report.move(call, name, facts.new, how)
+        return
+    if name in move_map.gone:
+        m.report.gone(call, name)
+        return
+    m.report(call, "MMS007", name, f"{how} of {name!r} on {facts.old}; it moved to "
+             f"{move_map.destination(name)}; not rewritten", False)
+
+
+def _dynamic_import(m: Migration, call: cst.Call) -> None:
+    facts = m.facts
+    target = _argument(call, 0, "name")
+    if literal(target) != facts.old:
+        return
+    m.edits.handled_strings.add(target)
+    words = facts.found.attr_words | {(literal(s) or "") for s in facts.found.strings}
+    used = sorted(facts.map.interesting & words)
+    if used:
+        m.report(call, "MMS007", ",".join(used),
+                 f"{facts.old} imported dynamically and {', '.join(used)} used in this file; "
+                 f"those moved (to {facts.new} or their origin); not rewritten", False)
+
+
+def plan_module_slots(m: Migration) -> None:
+    """``sys.modules["old"] = stub`` (or ``patch.dict(sys.modules, {...})``): code that
+    imports a moved name now imports the new module, which the stub does not replace."""
+    facts = m.facts
+    for key in facts.found.module_slots:
+        text = approximate(key, facts.found.constants)
+        if text != facts.old:
+            continue
+        if isinstance(key, cst.SimpleString):
+            m.edits.handled_strings.add(key)
+        m.report(key, "MMS013", facts.old,
+                 f"sys.modules entry for {facts.old}: a stub there no longer stands in for the "
+                 f"names that moved to {facts.new}; stub {facts.new} as well", False)

@@ -10,45 +10,44 @@ conservative: they only ever let through more files than the transform acts on.
 from __future__ import annotations
 
 import ast
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from .findings import Finding
 from .move_map import MoveMap
-from .resolve import absolute_module, parent_and_base
+from .resolve import absolute_module, may_bind, parent_and_base, path_forms
+
+_WORDS = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
 class Gate:
     needles: tuple[bytes, ...]
     old: str
-    old_prefixes: frozenset[str]  # "a", "a.b", ... up to the old module itself
     interesting: frozenset[str]  # names that left the old module
     rebound_sources: frozenset[str]  # modules a rebound global may be from-imported from
     rebound: frozenset[str]
     path_forms: tuple[str, ...]
+    old_base: str
 
     @classmethod
     def for_map(cls, move_map: MoveMap) -> Gate:
         old = move_map.old_module
-        old_parent, old_base = parent_and_base(old)
+        old_base = parent_and_base(old)[1]
         needles = [old_base.encode()]
         if move_map.rebound_globals:
             needles.append(parent_and_base(move_map.new_module)[1].encode())
-        parts = old.split(".")
-        prefixes = frozenset(".".join(parts[: i + 1]) for i in range(len(parts)))
-        path_forms = ("/".join(parts) + ".py",)
-        if old_parent:
-            path_forms += (f"{parts[-2]}/{old_base}.py",)
         return cls(
             needles=tuple(dict.fromkeys(needles)),
             old=old,
-            old_prefixes=prefixes,
-            interesting=frozenset(move_map.moved)
-            | frozenset(move_map.import_origins)
-            | frozenset(move_map.removed)
-            | frozenset(move_map.unmapped_imports),
+            interesting=move_map.interesting,
             rebound_sources=frozenset({old, move_map.new_module}),
             rebound=move_map.rebound_globals,
-            path_forms=path_forms,
+            path_forms=path_forms(old),
+            old_base=old_base,
         )
 
     def mentions(self, source: bytes) -> bool:
@@ -76,11 +75,10 @@ class Gate:
                     return True
                 if module in self.rebound_sources and names & self.rebound:
                     return True
-                if any(f"{module}.{n}" in self.old_prefixes for n in names):
+                if any(may_bind(self.old, n, module) for n in names):
                     binds_old_module = True
             elif isinstance(node, ast.Import):
-                if any(a.name in self.old_prefixes or a.name.startswith(self.old + ".")
-                       for a in node.names):
+                if any(may_bind(self.old, a.name) for a in node.names):
                     binds_old_module = True
             elif isinstance(node, ast.Attribute):
                 words.add(node.attr)
@@ -93,4 +91,27 @@ class Gate:
                 if any(form in text for form in self.path_forms):
                     return True
                 words.add(text)
+                if self.old_base in text:  # doctests, string annotations
+                    if "from " + self.old in text:
+                        return True
+                    words.update(_WORDS.findall(text))
         return binds_old_module and not words.isdisjoint(self.interesting)
+
+
+def fork_warnings(paths: Iterable[str | os.PathLike], move_map: MoveMap) -> list[Finding]:
+    """One MMS015 finding per file among ``paths`` that is the old module itself (a fork
+    of the upstream package keeps ``.../managers/mm_utils.py``). Imports of the old module
+    inside such a tree resolve to that copy; call this before retargeting them."""
+    parts = move_map.old_module.split(".")
+    suffixes = ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py")
+    out = []
+    for path in paths:
+        posix = Path(path).as_posix()
+        if any(posix == s or posix.endswith("/" + s) for s in suffixes):
+            out.append(Finding(
+                os.fspath(path), 1, 1, "MMS015", move_map.old_module,
+                f"this tree has its own {move_map.old_module} ({'/'.join(parts)}.py): imports of it "
+                f"inside the tree load this copy, not upstream's; check which names this copy still "
+                f"defines before accepting the rewrites to {move_map.new_module}", False,
+            ))
+    return out

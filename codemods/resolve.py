@@ -57,29 +57,48 @@ def package_for(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     return ".".join(parts)
 
 
-def absolute_module(package: str | None, level: int, module: str | None) -> str | None:
-    """Absolute name of ``from <level dots><module> import ...`` inside ``package``."""
-    if level == 0:
-        return module
-    if package is None:
-        return None
-    parts = package.split(".") if package else []
-    if level - 1 > len(parts):
-        return None
-    base = parts[: len(parts) - (level - 1)]
-    if module:
-        base = [*base, module]
-    return ".".join(base) or None
-
-
 def relative_base(package: str | None, level: int) -> str | None:
-    """The package that ``level`` leading dots name inside ``package``."""
+    """The package that ``level`` leading dots name inside ``package`` ("" for the top of a
+    top-level package's parent), or None when the dots climb out of it or nothing is known."""
     if package is None or level == 0:
         return None
     parts = package.split(".") if package else []
     if level - 1 > len(parts):
         return None
-    return ".".join(parts[: len(parts) - (level - 1)]) or None
+    return ".".join(parts[: len(parts) - (level - 1)])
+
+
+def absolute_module(package: str | None, level: int, module: str | None) -> str | None:
+    """Absolute name of ``from <level dots><module> import ...`` inside ``package``."""
+    if level == 0:
+        return module
+    base = relative_base(package, level)
+    if base is None:
+        return None
+    return ".".join(p for p in (base, module) if p) or None
+
+
+def relative_tail(package: str | None, level: int, module: str) -> str | None:
+    """What follows the dots when ``module`` is written relative with ``level`` dots inside
+    ``package``: "" for the package the dots name itself, None when ``module`` lies outside it."""
+    base = relative_base(package, level)
+    if not base:
+        return None
+    if module == base:
+        return ""
+    if module.startswith(base + "."):
+        return module[len(base) + 1 :]
+    return None
+
+
+def may_bind(target: str, name: str, from_module: str | None = None) -> bool:
+    """Whether ``import name`` (``from_module`` None) or ``from from_module import name``
+    could bind an object through which module ``target`` is reached: the module itself, a
+    package above it, or (plain imports) a submodule, which binds its top package too."""
+    full = name if from_module is None else f"{from_module}.{name}"
+    if target == full or target.startswith(full + "."):
+        return True
+    return from_module is None and full.startswith(target + ".")
 
 
 def dotted_name(node: cst.BaseExpression | None) -> str | None:
@@ -104,3 +123,12 @@ def dotted_expr(name: str) -> cst.Name | cst.Attribute:
 def parent_and_base(module: str) -> tuple[str, str]:
     parent, _, base = module.rpartition(".")
     return parent, base
+
+
+def path_forms(module: str) -> tuple[str, ...]:
+    """How a file path of ``module`` shows up in strings: ``a/b/c.py`` and ``b/c.py``."""
+    parts = module.split(".")
+    forms = ("/".join(parts) + ".py",)
+    if len(parts) > 1:
+        forms += (f"{parts[-2]}/{parts[-1]}.py",)
+    return forms

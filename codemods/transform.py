@@ -4,36 +4,54 @@
 ``MoveImportsCommand`` (defined in ``command.py``, importable from here as well)
 exposes the same engine to ``python -m libcst.tool codemod``.
 
-A file goes through three steps:
+A file's migration (``migration.Migration``) holds three things: the facts read from
+the file before any edit (``facts.FileFacts``: the parsed module, what ``collect``
+found in one visit, lazily the scope analysis), the edits planned so far
+(``edits.Edits``) and the findings (``report.Reporter``). Rules are plain functions
+of the migration, one module per concern, run in the order of ``RULES``; then
+``apply.Apply`` swaps the planned nodes, so bytes outside edited lines stay as they were.
 
-1. *collect* (``collect.py``) - one visit records import statements (with the block
-   they sit in and any try/except around them), attribute uses of names that moved,
-   calls that patch or look up names dynamically, string literals, ``__all__`` and
-   every name in use;
-2. *plan* - decide every edit and finding, one phase per module: ``plan_imports``
-   (from-imports, star imports), ``plan_rebound`` (globals the new module rebinds),
-   ``plan_attributes`` (uses of the old module object), ``plan_calls`` (patch targets,
-   dynamic lookups, strings). Names are resolved by what they are bound to
-   (``module_bindings``; scope analysis, computed only when a module object or a
-   rebound global is involved), relative imports against the file's package; the
-   phases share the tables of ``state.FileState``;
-3. *apply* (``apply.py``) - one transformer swaps the planned nodes; nothing else is
-   regenerated, so bytes outside edited lines stay as they were.
+Files above ``SEGMENT_ABOVE`` bytes first go through ``segments.reduce``: the top-level
+statements that mention none of the map's names are set aside, so libcst only parses
+what can matter; the result is the same as the whole-file pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from .apply import Apply
-from .findings import Finding
+from .findings import Finding, is_suppressed
+from .migration import Migration
 from .move_map import MoveMap
-from .plan_calls import CallPlanning
-from .plan_imports import ImportPlanning
+from .plan_attributes import plan_module_attributes, prune_unused_module_bindings
+from .plan_calls import plan_calls, plan_module_slots
+from .plan_docs import plan_doc_references
+from .plan_imports import plan_from_imports
+from .plan_star import plan_star_imports
+from .plan_strings import plan_strings
 from .positions import start_positions
-from .relevance import Gate
+from .relevance import Gate, fork_warnings
+from .segments import Reduced, reduce
+
+__all__ = ["RULES", "FileOutcome", "fork_warnings", "migrate_module", "migrate_source"]
+
+# The order matters: attribute and call rewrites reach modules through the imports as
+# the from-import rule left them, the string rule skips strings a call accounted for,
+# and pruning needs every rewritten use.
+RULES = (
+    plan_from_imports,
+    plan_module_attributes,
+    plan_calls,
+    plan_module_slots,
+    plan_star_imports,
+    plan_doc_references,
+    plan_strings,
+    prune_unused_module_bindings,
+)
 
 
 @dataclass
@@ -42,38 +60,36 @@ class FileOutcome:
 
     new_source: bytes | None
     findings: list[Finding] = field(default_factory=list)
+    suppressed: int = 0  # findings silenced by a suppression comment
 
 
-class _FileMigration(ImportPlanning, CallPlanning):
-    """One file's migration; the constructor collects, ``run`` plans and applies."""
-
-    def run(self) -> tuple[cst.Module, list[Finding]]:
-        # The order matters: attribute and call rewrites reach modules through the
-        # imports as the first phase left them, the string phase skips strings a call
-        # accounted for, and pruning needs every rewritten use.
-        self.plan_from_imports()
-        self.plan_module_attributes()
-        self.plan_calls()
-        self.plan_star_imports()
-        self.plan_dynamic_strings()
-        self.prune_unused_module_bindings()
-        new_module = self.module
-        if self.expr or self.current or self.after or self.after_bindings or self.deleted:
-            new_module = self.module.visit(Apply(self))
-        positions = start_positions(self.module, [r[0] for r in self.raw])
-        findings = []
-        for node, code, symbol, message, fixed in self.raw:
-            line, column = positions.get(node, (1, 1))
-            findings.append(Finding(self.path, line, column, code, symbol, message, fixed))
-        findings.sort(key=lambda f: (f.line, f.column, f.code))
-        return new_module, findings
+# Files above this size go through ``segments``: only their statements that mention
+# something the map cares about are parsed by libcst.
+SEGMENT_ABOVE = 256 * 1024
 
 
 def migrate_module(
-    module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None
+    module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None,
+    taken_names: Iterable[str] = (),
 ) -> tuple[cst.Module, list[Finding]]:
-    """Apply ``move_map`` to a freshly parsed module (it must not share nodes)."""
-    return _FileMigration(module, move_map, package, path).run()
+    """Apply ``move_map`` to a freshly parsed module (it must not share nodes).
+    ``taken_names``: names bound in parts of the file the module does not contain."""
+    migration = Migration.start(module, move_map, package, path)
+    migration.edits.taken_names.update(taken_names)
+    for rule in RULES:
+        rule(migration)
+    original = migration.facts.module
+    new_module = original.visit(Apply(migration.edits)) if migration.edits.any() else original
+    raw = migration.report.raw
+    positions = start_positions(original, [r[0] for r in raw])
+    findings = []
+    for node, code, symbol, message, fixed, line_offset in raw:
+        line, column = positions.get(node, (1, 1))
+        if line_offset:
+            line, column = line + line_offset, 1
+        findings.append(Finding(path, line, column, code, symbol, message, fixed))
+    findings.sort(key=lambda f: (f.line, f.column, f.code))
+    return new_module, findings
 
 
 def migrate_source(
@@ -83,16 +99,58 @@ def migrate_source(
     path: str = "<string>",
     package: str | None = None,
     gate: Gate | None = None,
+    segment_above: int = SEGMENT_ABOVE,
 ) -> FileOutcome:
     """Apply ``move_map`` to one file's source. Raises ``libcst.ParserSyntaxError``
     when the source cannot be parsed (and the gates let it through)."""
     raw = source.encode("utf-8") if isinstance(source, str) else source
     gate = gate or Gate.for_map(move_map)
-    if not gate.mentions(raw) or not gate.needs_transform(raw, package):
+    if not gate.mentions(raw):
+        return FileOutcome(None, [])
+    if len(raw) > segment_above:
+        reduced = reduce(raw, move_map)
+        outcome = _migrate_reduced(raw, reduced, move_map, path, package, gate) if reduced else None
+        if outcome is not None:
+            return _without_suppressed(outcome, raw)
+    if not gate.needs_transform(raw, package):
         return FileOutcome(None, [])
     module = cst.parse_module(raw)
     new_module, findings = migrate_module(module, move_map, path=path, package=package)
     new_bytes = new_module.bytes
+    return _without_suppressed(FileOutcome(None if new_bytes == raw else new_bytes, findings), raw)
+
+
+def _without_suppressed(outcome: FileOutcome, raw: bytes) -> FileOutcome:
+    """Drop the findings a suppression comment on their line silences (the rewrite, if
+    any, still happens: the comment records a person's judgement of the report)."""
+    if not outcome.findings or b"mm-schedule-codemod" not in raw:
+        return outcome
+    lines = raw.splitlines()
+    kept = [
+        f for f in outcome.findings
+        if not (f.line <= len(lines) and is_suppressed(f, lines[f.line - 1].decode("utf-8", "replace")))
+    ]
+    return FileOutcome(outcome.new_source, kept, len(outcome.findings) - len(kept))
+
+
+def _migrate_reduced(
+    raw: bytes, reduced: Reduced, move_map: MoveMap, path: str, package: str | None, gate: Gate
+) -> FileOutcome | None:
+    """The migration of the reduced module, mapped back to the whole file; None when
+    the whole file has to be processed instead."""
+    if not gate.needs_transform(reduced.source, package):
+        return FileOutcome(None, [])
+    try:
+        module = cst.parse_module(reduced.source)
+    except cst.ParserSyntaxError:
+        return None  # the whole file reports it with its own positions
+    new_module, findings = migrate_module(
+        module, move_map, path=path, package=package, taken_names=reduced.skipped_words
+    )
+    new_bytes = reduced.restore(new_module.bytes)
+    if new_bytes is None:
+        return None
+    findings = [replace(f, line=reduced.original_line(f.line)) for f in findings]
     return FileOutcome(None if new_bytes == raw else new_bytes, findings)
 
 
