@@ -1,0 +1,272 @@
+"""Replacing a user's file without ever losing what is in it.
+
+A file is read once (``Snapshot``) and transformed from that content. Just before
+its new content goes in, the file is read again: if someone changed it meanwhile,
+nothing is written and the caller is told (it re-processes or reports the file).
+
+How the new content goes in:
+
+* a file with one name: the new content is written and flushed to an anonymous
+  file in the same folder (``O_TMPFILE``: it has no name, so a killed run cannot
+  leave it behind), given the old file's mode, owner, group and extended
+  attributes, then linked under a temporary name and renamed over the old one in
+  two consecutive system calls. A crash leaves the old or the new file, never a mix.
+  The ``TempGuard`` process removes that temporary name if the run dies between
+  the two calls; where ``O_TMPFILE`` is missing a named temporary file is used,
+  under the same guard.
+* a file with several hard links, or whose owner, group or attributes cannot be
+  copied (not root, a read-only folder): written in place, into the same inode,
+  so every link, the owner and the attributes stay. Only a kill inside that single
+  write call can leave such a file partly written.
+
+Either way SIGINT and SIGTERM are held back while one file is replaced, so that
+Ctrl-C stops between two files.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import signal
+import stat
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+_HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_TEMP_SUFFIX = ".mm-schedule-codemod.tmp"
+_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A file's content as read, and the file it was read from."""
+
+    path: Path  # the real file (symlinks resolved)
+    data: bytes
+    device: int
+    inode: int
+
+
+class FileChanged(Exception):
+    """The file no longer holds the content that was transformed."""
+
+
+def read_snapshot(path: Path) -> Snapshot:
+    with open(path, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
+        return Snapshot(path, handle.read(), info.st_dev, info.st_ino)
+
+
+@contextmanager
+def signals_held():
+    """Delay SIGINT/SIGTERM until the block ends (they are delivered then)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def replace(snapshot: Snapshot, data: bytes, guard: TempGuard | None = None) -> None:
+    """Put ``data`` into the file ``snapshot`` was read from, unless it changed since
+    (``FileChanged``). ``OSError`` when it cannot be written; the file is then as it was."""
+    with signals_held():
+        with open(snapshot.path, "rb") as current:
+            info = os.fstat(current.fileno())
+            if current.read() != snapshot.data:
+                raise FileChanged(str(snapshot.path))
+            if info.st_nlink == 1 and _replace_by_rename(snapshot, current, info, data, guard):
+                return
+        _write_in_place(snapshot, data)
+
+
+def _unchanged(snapshot: Snapshot) -> bool:
+    with open(snapshot.path, "rb") as handle:
+        return handle.read() == snapshot.data
+
+
+def _replace_by_rename(snapshot, current, info, data: bytes, guard) -> bool:
+    """Atomic replace through a fresh inode; False when the fresh inode could not
+    be given the old file's owner, group or attributes (or the folder is read-only),
+    so the caller writes in place instead."""
+    folder = snapshot.path.parent
+    temp_name = f".{snapshot.path.name}.{os.getpid()}.{next(_counter)}{_TEMP_SUFFIX}"
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        if _anonymous_temps.get(info.st_dev, True):
+            done = _try_rename(snapshot, current, info, data, guard, dir_fd, temp_name, True)
+            if done is not None:
+                return done
+            _anonymous_temps[info.st_dev] = False
+        return bool(_try_rename(snapshot, current, info, data, guard, dir_fd, temp_name, False))
+    finally:
+        os.close(dir_fd)
+
+
+# Per device: whether an unnamed O_TMPFILE file can be created and linked there.
+_anonymous_temps: dict[int, bool] = {}
+_NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _try_rename(snapshot, current, info, data, guard, dir_fd, temp_name, anonymous):
+    """One attempt; None when the anonymous route is not available on this device."""
+    named = False
+    try:
+        if anonymous:
+            fd = os.open(".", os.O_TMPFILE | os.O_WRONLY, 0o600, dir_fd=dir_fd)
+        else:
+            if guard:
+                guard.pending(snapshot.path.parent / temp_name)
+            named = True
+            fd = os.open(temp_name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600, dir_fd=dir_fd)
+    except (AttributeError, OSError) as exc:
+        if named:
+            _forget(guard, snapshot, temp_name, dir_fd, unlink=False)
+        if getattr(exc, "errno", None) in _NO_PERMISSION:
+            return False
+        if anonymous:
+            return None
+        raise
+    try:
+        try:
+            _copy_metadata(current.fileno(), fd, info)
+        except PermissionError:
+            return False
+        _write_all(fd, data)
+        os.fsync(fd)
+        if not _unchanged(snapshot):
+            raise FileChanged(str(snapshot.path))
+        if anonymous:
+            if guard:
+                guard.pending(snapshot.path.parent / temp_name)
+            named = True
+            try:
+                # dst_dir_fd makes os.link use linkat(AT_SYMLINK_FOLLOW), which can
+                # give a name to the unnamed file behind /proc/self/fd.
+                os.link(f"/proc/self/fd/{fd}", temp_name, dst_dir_fd=dir_fd)
+            except OSError:
+                _forget(guard, snapshot, temp_name, dir_fd, unlink=False)
+                named = False
+                return None
+        os.rename(temp_name, snapshot.path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        named = False
+        _forget(guard, snapshot, temp_name, dir_fd, unlink=False)
+    finally:
+        os.close(fd)
+        if named:
+            _forget(guard, snapshot, temp_name, dir_fd, unlink=True)
+    try:
+        os.fsync(dir_fd)  # make the rename durable where the platform allows it
+    except OSError:
+        pass
+    return True
+
+
+def _forget(guard, snapshot, temp_name, dir_fd, *, unlink: bool) -> None:
+    if unlink:
+        try:
+            os.unlink(temp_name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+    if guard:
+        guard.done(snapshot.path.parent / temp_name)
+
+
+def _copy_metadata(source_fd: int, target_fd: int, info: os.stat_result) -> None:
+    """Owner, group, mode and extended attributes of ``source_fd`` onto ``target_fd``;
+    PermissionError when any of them cannot be kept."""
+    try:
+        os.fchown(target_fd, info.st_uid, info.st_gid)
+    except OSError as exc:
+        raise PermissionError(exc.errno, "cannot keep owner and group") from exc
+    os.fchmod(target_fd, stat.S_IMODE(info.st_mode))  # after chown, which clears set-id bits
+    if not hasattr(os, "listxattr"):
+        return
+    try:
+        names = os.listxattr(source_fd)
+    except OSError:
+        return  # the file system has no extended attributes
+    for name in names:
+        try:
+            os.setxattr(target_fd, name, os.getxattr(source_fd, name))
+        except OSError as exc:
+            raise PermissionError(exc.errno, f"cannot keep attribute {name}") from exc
+
+
+def _write_in_place(snapshot: Snapshot, data: bytes) -> None:
+    fd = os.open(snapshot.path, os.O_RDWR)
+    try:
+        with open(fd, "rb", closefd=False) as handle:
+            if handle.read() != snapshot.data:
+                raise FileChanged(str(snapshot.path))
+        os.lseek(fd, 0, os.SEEK_SET)
+        _write_all(fd, data)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class TempGuard:
+    """A small process that outlives a killed run by a moment: it is told each
+    temporary name before the name exists and after it is gone, and when the run's
+    end of the pipe closes (normal end or SIGKILL) it removes any name still listed."""
+
+    def __init__(self) -> None:
+        read_end, self.fd = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # pragma: no cover - runs in the child
+            os.close(self.fd)
+            _guard_loop(read_end)
+        os.close(read_end)
+
+    def pending(self, path: Path) -> None:
+        os.write(self.fd, b"+" + os.fsencode(path) + b"\0")
+
+    def done(self, path: Path) -> None:
+        os.write(self.fd, b"-" + os.fsencode(path) + b"\0")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+            os.waitpid(self.pid, 0)
+
+
+def _guard_loop(read_end: int) -> None:  # pragma: no cover - runs in the child
+    try:
+        os.setsid()  # Ctrl-C in the terminal goes to the run, not to the guard
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.closerange(3, read_end)  # hold no other pipe open (workers watch theirs for EOF)
+        os.closerange(read_end + 1, 1 << 16)
+        pending: set[bytes] = set()
+        buffer = b""
+        while True:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            buffer += chunk
+            *messages, buffer = buffer.split(b"\0")
+            for message in messages:
+                (pending.add if message[:1] == b"+" else pending.discard)(message[1:])
+        for name in pending:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    finally:
+        os._exit(0)
