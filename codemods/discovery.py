@@ -217,12 +217,23 @@ class Walker:
             self._walk(folder, real, ignore, folder)
             return
         if self.force_exclude:
-            pattern = self.excludes.match(path.absolute())
+            pattern = self._excluded_with_parents(path.absolute())
             if pattern:
                 self.result.skipped.append((raw, f"matches exclude pattern {pattern!r} "
                                                  "(force-exclude)"))
                 return
         self.result.files.append(Found(path, real, path.absolute().parent))
+
+    def _excluded_with_parents(self, path: Path) -> str | None:
+        """The pattern excluding ``path`` or a folder it is in (below the working folder)."""
+        cwd = Path.cwd()
+        for candidate in (path, *path.parents):
+            if candidate == cwd or (candidate != path and not _inside(candidate, cwd)):
+                break
+            pattern = self.excludes.match(candidate)
+            if pattern:
+                return pattern
+        return None
 
     def _walk(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path) -> None:
         try:
