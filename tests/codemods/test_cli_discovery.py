@@ -171,3 +171,23 @@ def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_
     doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["changed_files"] == ["a.py"]
     assert doc["failed_files"][0]["path"] == "bad\\udcff.py"
+
+
+def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file, monkeypatch,
+                                                                  capsys):
+    """The same path as above where permissions cannot deny root: listing fails."""
+    from mm_schedule.codemods import discovery
+
+    _put(tree, "a.py", "closed/b.py")
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if os.path.basename(path) == "closed":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(discovery.os, "scandir", scandir)
+    assert _main("--write", ".", map_file=map_file) == 2
+    assert (tree / "a.py").read_text() == MOVED
+    assert (tree / "closed/b.py").read_text() == MOVING
+    assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err

@@ -198,3 +198,23 @@ def test_a_read_only_folder_with_a_writable_file_is_written_in_place(tree, map_f
         subprocess.run(["chattr", "-i", str(folder)], check=True)
     assert target.read_bytes() == MOVED and target.stat().st_ino == inode
     assert _names(folder) == ["a.py"]
+
+
+def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, map_file,
+                                                                         monkeypatch, capsys):
+    import time
+
+    real = cli.migrate_source
+
+    def hangs_on_slow(source, move_map, *, path, package, gate):
+        if path == "slow.py":
+            time.sleep(3600)
+        return real(source, move_map, path=path, package=package, gate=gate)
+
+    monkeypatch.setattr(cli, "migrate_source", hangs_on_slow)
+    (tree / "slow.py").write_bytes(MOVING)
+    (tree / "fast.py").write_bytes(MOVING)
+    assert _main("--write", ".", "--timeout", "1", map_file=map_file) == 2
+    assert (tree / "slow.py").read_bytes() == MOVING
+    assert (tree / "fast.py").read_bytes() == MOVED
+    assert "slow.py: took longer than 1 s; file left as is" in capsys.readouterr().err
