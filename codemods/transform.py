@@ -14,7 +14,8 @@ of the migration, one module per concern, run in the order of ``RULES``; then
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -29,6 +30,7 @@ from .plan_star import plan_star_imports
 from .plan_strings import plan_strings
 from .positions import start_positions
 from .relevance import Gate
+from .segments import Reduced, reduce
 
 # The order matters: attribute and call rewrites reach modules through the imports as
 # the from-import rule left them, the string rule skips strings a call accounted for,
@@ -51,11 +53,19 @@ class FileOutcome:
     findings: list[Finding] = field(default_factory=list)
 
 
+# Files above this size go through ``segments``: only their statements that mention
+# something the map cares about are parsed by libcst.
+SEGMENT_ABOVE = 256 * 1024
+
+
 def migrate_module(
-    module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None
+    module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None,
+    taken_names: Iterable[str] = (),
 ) -> tuple[cst.Module, list[Finding]]:
-    """Apply ``move_map`` to a freshly parsed module (it must not share nodes)."""
+    """Apply ``move_map`` to a freshly parsed module (it must not share nodes).
+    ``taken_names``: names bound in parts of the file the module does not contain."""
     migration = Migration.start(module, move_map, package, path)
+    migration.edits.taken_names.update(taken_names)
     for rule in RULES:
         rule(migration)
     original = migration.facts.module
@@ -77,16 +87,45 @@ def migrate_source(
     path: str = "<string>",
     package: str | None = None,
     gate: Gate | None = None,
+    segment_above: int = SEGMENT_ABOVE,
 ) -> FileOutcome:
     """Apply ``move_map`` to one file's source. Raises ``libcst.ParserSyntaxError``
     when the source cannot be parsed (and the gates let it through)."""
     raw = source.encode("utf-8") if isinstance(source, str) else source
     gate = gate or Gate.for_map(move_map)
-    if not gate.mentions(raw) or not gate.needs_transform(raw, package):
+    if not gate.mentions(raw):
+        return FileOutcome(None, [])
+    if len(raw) > segment_above:
+        reduced = reduce(raw, move_map)
+        outcome = _migrate_reduced(raw, reduced, move_map, path, package, gate) if reduced else None
+        if outcome is not None:
+            return outcome
+    if not gate.needs_transform(raw, package):
         return FileOutcome(None, [])
     module = cst.parse_module(raw)
     new_module, findings = migrate_module(module, move_map, path=path, package=package)
     new_bytes = new_module.bytes
+    return FileOutcome(None if new_bytes == raw else new_bytes, findings)
+
+
+def _migrate_reduced(
+    raw: bytes, reduced: Reduced, move_map: MoveMap, path: str, package: str | None, gate: Gate
+) -> FileOutcome | None:
+    """The migration of the reduced module, mapped back to the whole file; None when
+    the whole file has to be processed instead."""
+    if not gate.needs_transform(reduced.source, package):
+        return FileOutcome(None, [])
+    try:
+        module = cst.parse_module(reduced.source)
+    except cst.ParserSyntaxError:
+        return None  # the whole file reports it with its own positions
+    new_module, findings = migrate_module(
+        module, move_map, path=path, package=package, taken_names=reduced.skipped_words
+    )
+    new_bytes = reduced.restore(new_module.bytes)
+    if new_bytes is None:
+        return None
+    findings = [replace(f, line=reduced.original_line(f.line)) for f in findings]
     return FileOutcome(None if new_bytes == raw else new_bytes, findings)
 
 
