@@ -19,15 +19,16 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import libcst as cst
 
 from ..errors import MoveMapError
-from .config import ConfigError, find_config
+from .config import Config, ConfigError, find_config
 from .diffs import unified_diff
-from .discovery import discover
+from .discovery import Discovery, discover
 from .fidelity import at_risk, keep_untouched_lines
 from .move_map import MoveMap, load_map
 from .notebooks import NotebookError, migrate_notebook
@@ -36,7 +37,7 @@ from .reporting import FileResult, RunReport, printable
 from .resolve import package_for
 from .transform import migrate_source
 from .workers import Outcome, Task, WorkerPool
-from .writing import FileChanged, TempGuard, read_snapshot, replace
+from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
 
 EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
@@ -216,11 +217,43 @@ class _Progress:
         sys.stderr.flush()
 
 
+@dataclass
+class _File:
+    """One file on its way through the run."""
+
+    result: FileResult
+    snapshot: Snapshot  # the content being migrated
+    package: str | None
+    notebook: bool
+    retries: int = 0
+
+    def task(self, key: int) -> Task:
+        return Task(key, self.result.shown, self.package, self.snapshot.data, self.notebook)
+
+    def take(self, outcome: Outcome) -> None:
+        result = self.result
+        result.findings, result.cells, result.error = outcome.findings, outcome.cells, outcome.error
+        result.old, result.new = (None, None) if outcome.new_source is None else (
+            self.snapshot.data, outcome.new_source)
+
+
 def _main(args) -> int:
     move_map, map_path = _validate(args)
-    configs: dict[Path, object] = {}
+    found = _discover(args)
+    files, problems = _read(args, found, Gate.for_map(move_map))
+    _migrate(args, move_map, files)
+    results = sorted((f.result for f in files), key=lambda r: r.shown)
+    report = RunReport(args.mode, {"old_module": move_map.old_module,
+                                   "new_module": move_map.new_module,
+                                   "source": map_path or "builtin"},
+                       results, len(found.files), len(files), problems, len(found.skipped))
+    return _finish(args, report)
 
-    def config_for(path: Path):
+
+def _discover(args) -> Discovery:
+    configs: dict[Path, Config] = {}
+
+    def config_for(path: Path) -> Config:
         key = path.absolute()
         if key not in configs:
             configs[key] = find_config(key)
@@ -232,12 +265,16 @@ def _main(args) -> int:
                          respect_gitignore=args.respect_gitignore)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    problems = list(found.problems)
     if args.verbose:
         for path, reason in found.skipped:
             print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
-    gate = Gate.for_map(move_map)
-    snapshots, tasks, results = {}, [], []
+    return found
+
+
+def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[str, str]]]:
+    """Snapshots of the files that mention the old module (the bytes gate runs here: most
+    files never reach a worker), and the problems met so far."""
+    files, problems = [], list(found.problems)
     for item in found.files:
         shown = _shown(item.real)
         try:
@@ -254,34 +291,29 @@ def _main(args) -> int:
         except OSError as exc:
             problems.append((shown, f"cannot read: {exc.strerror or exc}"))
             continue
-        if not gate.mentions(snapshot.data):
-            continue
-        result = FileResult(shown)
-        results.append(result)
-        snapshots[id(result)] = snapshot
-        tasks.append(Task(result, shown, package_for(item.real, item.root), snapshot.data,
-                          notebook=item.real.suffix == ".ipynb"))
+        if gate.mentions(snapshot.data):
+            files.append(_File(FileResult(shown), snapshot, package_for(item.real, item.root),
+                               item.real.suffix == ".ipynb"))
+    return files, problems
 
-    guard = TempGuard() if args.mode == "write" and tasks else None
+
+def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
+    """Transform every file in the workers; with --write, write each as it comes back."""
+    guard = TempGuard() if args.mode == "write" and files else None
     jobs = args.jobs if args.jobs and args.jobs > 0 else (os.cpu_count() or 1)
-    pool = WorkerPool(min(jobs, max(len(tasks), 1)), partial(_make_transform, move_map),
+    pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
-    retries: dict[int, int] = {}
-    progress = _Progress(len(tasks))
+    progress = _Progress(len(files))
     try:
-        for task in tasks:
-            pool.submit(task)
+        for key, file in enumerate(files):
+            pool.submit(file.task(key))
         done = 0
         for task, outcome in pool.results():
-            result: FileResult = task.key
-            result.findings, result.cells, result.error = (
-                outcome.findings, outcome.cells, outcome.error)
-            if outcome.new_source is not None:
-                result.old, result.new = task.source, outcome.new_source
-            if args.mode == "write" and result.changes and not result.error:
-                again = _write(task, snapshots, retries, guard)
-                if again is not None:
-                    pool.submit(again)
+            file = files[task.key]
+            file.take(outcome)
+            if args.mode == "write" and file.result.changes and not file.result.error:
+                if _write(file, guard):
+                    pool.submit(file.task(task.key))
                     continue
             done += 1
             progress.update(done)
@@ -293,38 +325,28 @@ def _main(args) -> int:
             guard.close()
     pool.close()
 
-    results.sort(key=lambda r: r.shown)
-    report = RunReport(args.mode, {"old_module": move_map.old_module,
-                                   "new_module": move_map.new_module,
-                                   "source": map_path or "builtin"},
-                       results, len(found.files), len(tasks), problems, len(found.skipped))
-    return _finish(args, report)
 
-
-def _write(task: Task, snapshots: dict, retries: dict, guard) -> Task | None:
-    """Write one migrated file; a Task when it changed meanwhile and must be redone."""
-    result: FileResult = task.key
-    snapshot = snapshots[id(result)]
+def _write(file: _File, guard: TempGuard | None) -> bool:
+    """Write one migrated file; True when it changed meanwhile and must be migrated again
+    (its snapshot is then the new content)."""
+    result = file.result
     try:
-        replace(snapshot, result.new, guard)
+        replace(file.snapshot, result.new, guard)
         result.written = True
     except FileChanged:
-        if retries.get(id(result), 0) >= _RETRIES:
+        if file.retries >= _RETRIES:
             result.error = "changed again while being migrated; left as is (run again)"
-            return None
-        retries[id(result)] = retries.get(id(result), 0) + 1
+            return False
+        file.retries += 1
         try:
-            fresh = read_snapshot(snapshot.path)
+            file.snapshot = read_snapshot(file.snapshot.path)
         except OSError as exc:
             result.error = f"cannot read after it changed: {exc.strerror or exc}"
-            return None
-        snapshots[id(result)] = fresh
-        result.old = result.new = None
-        result.findings, result.cells = [], []
-        return Task(result, task.shown, task.package, fresh.data, notebook=task.notebook)
+            return False
+        return True
     except OSError as exc:
         result.error = f"cannot write: {exc.strerror or exc}; file left as is"
-    return None
+    return False
 
 
 def _finish(args, report: RunReport) -> int:

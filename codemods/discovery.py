@@ -222,7 +222,7 @@ class Walker:
                 self.result.skipped.append((raw, f"matches exclude pattern {pattern!r} "
                                                  "(force-exclude)"))
                 return
-        self.result.files.append(Found(path, real, path.absolute().parent))
+        self.result.files.append(Found(path, real, Path.cwd()))
 
     def _excluded_with_parents(self, path: Path) -> str | None:
         """The pattern excluding ``path`` or a folder it is in (below the working folder)."""

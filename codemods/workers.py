@@ -25,7 +25,7 @@ from .findings import Finding
 
 @dataclass
 class Task:
-    key: object  # the caller's handle for the file
+    key: int  # the caller's handle for the file
     shown: str
     package: str | None
     source: bytes
