@@ -299,7 +299,7 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
 
 def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
     """Transform every file in the workers; with --write, write each as it comes back."""
-    guard = TempGuard() if args.mode == "write" and files else None
+    guard = TempGuard.start() if args.mode == "write" and files else None
     jobs = args.jobs if args.jobs and args.jobs > 0 else (os.cpu_count() or 1)
     pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())

@@ -182,10 +182,11 @@ def _forget(guard, snapshot, temp_name, dir_fd, *, unlink: bool) -> None:
 def _copy_metadata(source_fd: int, target_fd: int, info: os.stat_result) -> None:
     """Owner, group, mode and extended attributes of ``source_fd`` onto ``target_fd``;
     PermissionError when any of them cannot be kept."""
-    try:
-        os.fchown(target_fd, info.st_uid, info.st_gid)
-    except OSError as exc:
-        raise PermissionError(exc.errno, "cannot keep owner and group") from exc
+    if hasattr(os, "fchown"):
+        try:
+            os.fchown(target_fd, info.st_uid, info.st_gid)
+        except OSError as exc:
+            raise PermissionError(exc.errno, "cannot keep owner and group") from exc
     os.fchmod(target_fd, stat.S_IMODE(info.st_mode))  # after chown, which clears set-id bits
     if not hasattr(os, "listxattr"):
         return
@@ -224,6 +225,12 @@ class TempGuard:
     """A small process that outlives a killed run by a moment: it is told each
     temporary name before the name exists and after it is gone, and when the run's
     end of the pipe closes (normal end or SIGKILL) it removes any name still listed."""
+
+    @classmethod
+    def start(cls) -> TempGuard | None:
+        """A guard, or None where processes cannot be forked (temporary names then rely
+        on the run's own clean-up, which a SIGKILL skips)."""
+        return cls() if hasattr(os, "fork") else None
 
     def __init__(self) -> None:
         read_end, self.fd = os.pipe()
