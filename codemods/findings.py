@@ -6,6 +6,7 @@ only add new ones.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 # code -> (short name, what it means). Printed by ``--json`` summaries and docs.
@@ -26,7 +27,21 @@ RULES: dict[str, tuple[str, str]] = {
     "MMS009": ("removed-name", "name was removed from the old module and has no new home"),
     "MMS010": ("unmapped-import", "the old module bound this name by an import a plain "
                "from-import cannot reproduce; bind it yourself"),
+    "MMS011": ("optional-import", "the old module is bound by an import that may fail (a fallback "
+               "binds the name otherwise); uses of moved names through it are not rewritten"),
+    "MMS012": ("computed-target", "a patch target or module path built at run time (f-string, +, "
+               ".format, a constant) names the old module; not rewritten"),
+    "MMS013": ("module-stub", "a sys.modules entry for the old module; a stub there no longer "
+               "provides the names that moved"),
+    "MMS014": ("doc-reference", "a doctest or string annotation names a moved name through the "
+               "old module; not rewritten"),
+    "MMS015": ("fork", "the tree contains the old module's own file; imports of it inside the tree "
+               "resolve to that copy, which may still define the moved names"),
 }
+
+# ``# mm-schedule-codemod: ignore`` or ``...: ignore[MMS005, MMS007]`` at the end of the
+# line a finding points at silences it, the way noqa comments work for linters.
+SUPPRESSION = re.compile(r"#\s*mm-schedule-codemod:\s*ignore(?:\[(?P<codes>[A-Z0-9,\s]+)\])?")
 
 
 @dataclass(frozen=True)
@@ -65,3 +80,18 @@ def render(finding: Finding, mode: str = "write", *, with_path: bool = True) -> 
 def render_json(finding: Finding, mode: str = "write") -> dict:
     """One finding as a JSON object: every field, plus its ``status`` in this mode."""
     return {**finding.to_dict(), "status": status(finding, mode)}
+
+
+def suppressed_codes(line: str) -> frozenset[str] | None:
+    """The codes a suppression comment on ``line`` silences; an empty set means all of
+    them, None that the line has no such comment."""
+    match = SUPPRESSION.search(line)
+    if match is None:
+        return None
+    codes = match.group("codes")
+    return frozenset(c.strip() for c in codes.split(",") if c.strip()) if codes else frozenset()
+
+
+def is_suppressed(finding: Finding, line: str) -> bool:
+    codes = suppressed_codes(line)
+    return codes is not None and (not codes or finding.code in codes)

@@ -17,7 +17,7 @@ from .collect import literal
 from .migration import Migration
 from .module_bindings import module_ref, resolve_module
 from .plan_attributes import old_site_write
-from .resolve import dotted_expr
+from .resolve import dotted_expr, dotted_name
 
 
 def plan_calls(m: Migration) -> None:
@@ -144,17 +144,35 @@ def _multiple(m: Migration, call: cst.Call) -> None:
 
 
 def _dynamic_lookup(m: Migration, call: cst.Call) -> None:
+    """``getattr(old, "name")`` / ``hasattr``: treated like ``setattr``. A name that moved
+    to the new module alone is looked up there (the old module no longer has it); a
+    re-exported one still resolves on the old module and needs nothing; an import-only
+    name is reported."""
     facts = m.facts
     obj, attribute = _argument(call, 0), _argument(call, 1)
     name = literal(attribute) if attribute is not None else None
     if obj is None or name not in facts.map.interesting or not facts.binds_old_module:
         return
-    module, _ = resolve_module(m, obj)
+    module, refs = resolve_module(m, obj)
     if module != facts.old:
         return
     m.edits.handled_strings.add(attribute)
-    m.report(call, "MMS007", name, f"dynamic lookup of {name!r} on {facts.old}; it moved to "
-             f"{facts.map.destination(name)}; not rewritten", False)
+    move_map = facts.map
+    if name in move_map.reexported:
+        return
+    how = dotted_name(call.func) or "getattr"
+    site = facts.site_of(refs[0].node) if len(refs) == 1 else None
+    if name in move_map.moved and site is not None:
+        m.edits.expressions[obj] = dotted_expr(module_ref(m, site, facts.new))
+        m.edits.rewritten_uses.add(id(obj))
+        m.edits.touched_bindings[id(refs[0])] = (refs[0], site)
+        m.report.move(call, name, facts.new, how)
+        return
+    if name in move_map.gone:
+        m.report.gone(call, name)
+        return
+    m.report(call, "MMS007", name, f"{how} of {name!r} on {facts.old}; it moved to "
+             f"{move_map.destination(name)}; not rewritten", False)
 
 
 def _dynamic_import(m: Migration, call: cst.Call) -> None:

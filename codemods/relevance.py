@@ -10,8 +10,12 @@ conservative: they only ever let through more files than the transform acts on.
 from __future__ import annotations
 
 import ast
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from .findings import Finding
 from .move_map import MoveMap
 from .resolve import absolute_module, may_bind, parent_and_base, path_forms
 
@@ -83,3 +87,22 @@ class Gate:
                     return True
                 words.add(text)
         return binds_old_module and not words.isdisjoint(self.interesting)
+
+
+def fork_warnings(paths: Iterable[str | os.PathLike], move_map: MoveMap) -> list[Finding]:
+    """One MMS015 finding per file among ``paths`` that is the old module itself (a fork
+    of the upstream package keeps ``.../managers/mm_utils.py``). Imports of the old module
+    inside such a tree resolve to that copy; call this before retargeting them."""
+    parts = move_map.old_module.split(".")
+    suffixes = ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py")
+    out = []
+    for path in paths:
+        posix = Path(path).as_posix()
+        if any(posix == s or posix.endswith("/" + s) for s in suffixes):
+            out.append(Finding(
+                os.fspath(path), 1, 1, "MMS015", move_map.old_module,
+                f"this tree has its own {move_map.old_module} ({'/'.join(parts)}.py): imports of it "
+                f"inside the tree load this copy, not upstream's; check which names this copy still "
+                f"defines before accepting the rewrites to {move_map.new_module}", False,
+            ))
+    return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import libcst as cst
 
 from .apply import Apply
-from .findings import Finding
+from .findings import Finding, is_suppressed
 from .migration import Migration
 from .move_map import MoveMap
 from .plan_attributes import plan_module_attributes, prune_unused_module_bindings
@@ -29,8 +29,10 @@ from .plan_imports import plan_from_imports
 from .plan_star import plan_star_imports
 from .plan_strings import plan_strings
 from .positions import start_positions
-from .relevance import Gate
+from .relevance import Gate, fork_warnings
 from .segments import Reduced, reduce
+
+__all__ = ["RULES", "FileOutcome", "fork_warnings", "migrate_module", "migrate_source"]
 
 # The order matters: attribute and call rewrites reach modules through the imports as
 # the from-import rule left them, the string rule skips strings a call accounted for,
@@ -51,6 +53,7 @@ class FileOutcome:
 
     new_source: bytes | None
     findings: list[Finding] = field(default_factory=list)
+    suppressed: int = 0  # findings silenced by a suppression comment
 
 
 # Files above this size go through ``segments``: only their statements that mention
@@ -99,13 +102,26 @@ def migrate_source(
         reduced = reduce(raw, move_map)
         outcome = _migrate_reduced(raw, reduced, move_map, path, package, gate) if reduced else None
         if outcome is not None:
-            return outcome
+            return _without_suppressed(outcome, raw)
     if not gate.needs_transform(raw, package):
         return FileOutcome(None, [])
     module = cst.parse_module(raw)
     new_module, findings = migrate_module(module, move_map, path=path, package=package)
     new_bytes = new_module.bytes
-    return FileOutcome(None if new_bytes == raw else new_bytes, findings)
+    return _without_suppressed(FileOutcome(None if new_bytes == raw else new_bytes, findings), raw)
+
+
+def _without_suppressed(outcome: FileOutcome, raw: bytes) -> FileOutcome:
+    """Drop the findings a suppression comment on their line silences (the rewrite, if
+    any, still happens: the comment records a person's judgement of the report)."""
+    if not outcome.findings or b"mm-schedule-codemod" not in raw:
+        return outcome
+    lines = raw.splitlines()
+    kept = [
+        f for f in outcome.findings
+        if not (f.line <= len(lines) and is_suppressed(f, lines[f.line - 1].decode("utf-8", "replace")))
+    ]
+    return FileOutcome(outcome.new_source, kept, len(outcome.findings) - len(kept))
 
 
 def _migrate_reduced(
