@@ -35,7 +35,7 @@ from .notebooks import NotebookError, migrate_notebook
 from .relevance import Gate
 from .reporting import FileResult, RunReport, printable
 from .resolve import package_for
-from .transform import migrate_source
+from .transform import fork_warnings, migrate_source
 from .workers import Outcome, Task, WorkerPool
 from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
 
@@ -241,8 +241,15 @@ def _main(args) -> int:
     move_map, map_path = _validate(args)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
+    forks = _fork_notices(found, move_map)
     _migrate(args, move_map, files)
-    results = sorted((f.result for f in files), key=lambda r: r.shown)
+    by_path = {f.result.shown: f.result for f in files}
+    for notice in forks:
+        if notice.shown in by_path:
+            by_path[notice.shown].findings[:0] = notice.findings
+        else:
+            by_path[notice.shown] = notice
+    results = sorted(by_path.values(), key=lambda r: r.shown)
     report = RunReport(args.mode, {"old_module": move_map.old_module,
                                    "new_module": move_map.new_module,
                                    "source": map_path or "builtin"},
@@ -295,6 +302,24 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
             files.append(_File(FileResult(shown), snapshot, package_for(item.real, item.root),
                                item.real.suffix == ".ipynb"))
     return files, problems
+
+
+def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
+    """The old module's own file in the tree (a fork): said before anything is rewritten,
+    and reported as a finding."""
+    shown = []
+    for item in found.files:
+        path = _shown(item.real)
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            continue
+        shown.append(path)
+    notices = []
+    for finding in fork_warnings(shown, move_map):
+        print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
+        notices.append(FileResult(finding.path, findings=[finding]))
+    return notices
 
 
 def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:

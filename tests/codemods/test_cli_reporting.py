@@ -99,3 +99,16 @@ def test_check_says_fixable_and_only_write_says_fixed(tree, map_file, capsys):
     doc = json.loads(report.read_text())
     assert doc["changed_files"] == ["a.py"] and doc["summary"]["fixed"] == 1
     assert [f["status"] for f in doc["findings"]] == ["fixed"]
+
+
+def test_a_tree_with_the_old_modules_own_file_is_warned_about_first(tree, map_file, capsys):
+    own = tree / "sglang" / "srt" / "managers"
+    own.mkdir(parents=True)
+    (own / "mm_utils.py").write_text("def get_embedding_chunk():\n    pass\n")
+    report = tree.parent / "r.json"
+    assert cli.main(["--write", ".", "--map", str(map_file), "--json", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("warning: sglang/srt/managers/mm_utils.py: this tree has its own")
+    doc = json.loads(report.read_text())
+    assert [(f["path"], f["code"], f["status"]) for f in doc["findings"]] == [
+        ("a.py", "MMS001", "fixed"), ("sglang/srt/managers/mm_utils.py", "MMS015", "manual")]
