@@ -106,3 +106,30 @@ def test_sigkill_in_the_middle_leaves_no_temporary_file(tree, map_file):
     assert sorted(p.name for p in tree.iterdir()) == expected
     old, new = _states(tree, count)
     assert new >= 1 and old >= 1
+
+
+def test_the_guard_removes_a_temporary_name_when_the_run_is_killed_between_link_and_rename(
+        tmp_path):
+    """The one moment a temporary file has a name, made to last: the run is killed there."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from mm_schedule.codemods.writing import TempGuard\n"
+        "guard = TempGuard.start()\n"
+        "name = Path(sys.argv[1]) / '.a.py.1.0.mm-schedule-codemod.tmp'\n"
+        "guard.pending(name)\n"
+        "name.write_text('new content')\n"
+        "print('linked', flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "linked\n"
+    assert [p.name for p in tmp_path.iterdir()] == [".a.py.1.0.mm-schedule-codemod.tmp"]
+    proc.kill()
+    proc.wait(timeout=60)
+    for _ in range(500):
+        if not list(tmp_path.iterdir()):
+            break
+        time.sleep(0.01)
+    assert list(tmp_path.iterdir()) == []

@@ -112,3 +112,8 @@ def test_a_tree_with_the_old_modules_own_file_is_warned_about_first(tree, map_fi
     doc = json.loads(report.read_text())
     assert [(f["path"], f["code"], f["status"]) for f in doc["findings"]] == [
         ("a.py", "MMS001", "fixed"), ("sglang/srt/managers/mm_utils.py", "MMS015", "manual")]
+
+
+def test_json_on_stdout_and_a_diff_together_are_refused(tree, map_file, capsys):
+    assert cli.main(["--diff", ".", "--json", "-", "--map", str(map_file)]) == 3
+    assert "--json - and --diff both write to stdout" in capsys.readouterr().err
