@@ -2,7 +2,8 @@
 
 Found the way ruff finds its own: the nearest ``pyproject.toml`` that has the table,
 looking from the path being processed up to the file system root (files without the
-table are passed over). Keys::
+table are passed over); a folder inside the walked tree with its own table uses that
+one for everything below it. Keys::
 
     [tool.mm-schedule-codemod]
     exclude = ["generated/"]        # replaces the built-in folder list
@@ -76,31 +77,38 @@ def _table(pyproject: Path) -> dict | None:
     return table
 
 
+def config_in(folder: Path) -> Config | None:
+    """The settings of ``folder/pyproject.toml``, or None if it has no table."""
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    table = _table(pyproject)
+    if table is None:
+        return None
+    unknown = sorted(set(table) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{pyproject}: unknown key(s) in [tool.{TABLE}]: {unknown}; "
+                          f"expected some of {sorted(_KEYS)}")
+    map_path = table.get("map")
+    if map_path is not None and not isinstance(map_path, str):
+        raise ConfigError(f"{pyproject}: [tool.{TABLE}] map must be a string")
+    return Config(
+        source=pyproject,
+        exclude=_strings(table["exclude"], "exclude", pyproject) if "exclude" in table else None,
+        extend_exclude=_strings(table.get("extend-exclude", []), "extend-exclude", pyproject),
+        respect_gitignore=_flag(table.get("respect-gitignore", True), "respect-gitignore", pyproject),
+        force_exclude=_flag(table.get("force-exclude", False), "force-exclude", pyproject),
+        map=str(folder / map_path) if map_path else None,
+        base=folder,
+    )
+
+
 def find_config(start: Path) -> Config:
     """The settings in force for ``start`` (a file or a folder)."""
     start = start.absolute()
     folder = start if start.is_dir() else start.parent
     for candidate in (folder, *folder.parents):
-        pyproject = candidate / "pyproject.toml"
-        if not pyproject.is_file():
-            continue
-        table = _table(pyproject)
-        if table is None:
-            continue
-        unknown = sorted(set(table) - _KEYS)
-        if unknown:
-            raise ConfigError(f"{pyproject}: unknown key(s) in [tool.{TABLE}]: {unknown}; "
-                              f"expected some of {sorted(_KEYS)}")
-        map_path = table.get("map")
-        if map_path is not None and not isinstance(map_path, str):
-            raise ConfigError(f"{pyproject}: [tool.{TABLE}] map must be a string")
-        return Config(
-            source=pyproject,
-            exclude=_strings(table["exclude"], "exclude", pyproject) if "exclude" in table else None,
-            extend_exclude=_strings(table.get("extend-exclude", []), "extend-exclude", pyproject),
-            respect_gitignore=_flag(table.get("respect-gitignore", True), "respect-gitignore", pyproject),
-            force_exclude=_flag(table.get("force-exclude", False), "force-exclude", pyproject),
-            map=str(candidate / map_path) if map_path else None,
-            base=candidate,
-        )
+        found = config_in(candidate)
+        if found is not None:
+            return found
     return Config()

@@ -13,6 +13,8 @@ reason ``-v`` prints:
   symlinks to files outside the folder being walked; a symlink to a file inside it
   stands for its target, which is processed once however many links point to it.
 
+Exclude patterns come from the nearest ``[tool.mm-schedule-codemod]`` table, and a
+folder inside the tree with its own table uses that one below it (as ruff does).
 A file named on the command line is always processed (a symlink: its target is
 written), unless ``force-exclude`` is set and an exclude pattern matches it.
 Problems (a missing path, a symlink loop, an unreadable folder) are collected, not
@@ -27,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import Config
+from .config import Config, config_in
 
 SUFFIXES = (".py", ".pyi", ".ipynb")
 DEFAULT_EXCLUDE = (
@@ -194,6 +196,7 @@ class Walker:
     def __init__(self, config: Config, *, exclude=None, extend_exclude=(),
                  force_exclude: bool | None = None, respect_gitignore: bool | None = None) -> None:
         self.excludes = _Excludes(config, exclude, list(extend_exclude))
+        self._cli_excludes = (exclude, list(extend_exclude))
         self.force_exclude = config.force_exclude if force_exclude is None else force_exclude
         self.gitignore = config.respect_gitignore if respect_gitignore is None else respect_gitignore
         self.result = Discovery()
@@ -241,6 +244,17 @@ class Walker:
         except OSError as exc:
             self.result.problems.append((str(folder), f"cannot read folder: {exc.strerror or exc}"))
             return
+        nested = config_in(real_folder) if folder != root else None
+        if nested is None:
+            self._entries(entries, real_folder, ignore, root)
+            return
+        outer, self.excludes = self.excludes, _Excludes(nested, *self._cli_excludes)
+        try:
+            self._entries(entries, real_folder, ignore, root)
+        finally:
+            self.excludes = outer
+
+    def _entries(self, entries, real_folder: Path, ignore: _Ignore, root: Path) -> None:
         for entry in entries:
             path = Path(entry.path)
             if entry.is_symlink():

@@ -191,3 +191,17 @@ def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file
     assert (tree / "a.py").read_text() == MOVED
     assert (tree / "closed/b.py").read_text() == MOVING
     assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err
+
+
+def test_a_nested_project_uses_its_own_table_below_it(tree, map_file):
+    (tree / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nextend-exclude = ["old"]\n')
+    (tree / "sub").mkdir()
+    (tree / "sub" / "pyproject.toml").write_text(
+        '[tool.mm-schedule-codemod]\nextend-exclude = ["fixtures/*.py"]\n')
+    files = ["old/x.py", "fixtures/x.py", "sub/old/x.py", "sub/fixtures/x.py", "sub/fixtures/y/z.py"]
+    _put(tree, *files)
+    assert _main("--write", ".", map_file=map_file) == 0
+    assert _migrated(tree, *files) == {
+        "old/x.py": False, "fixtures/x.py": True,  # the outer table
+        "sub/old/x.py": True, "sub/fixtures/x.py": False, "sub/fixtures/y/z.py": True,  # the inner
+    }
