@@ -183,9 +183,6 @@ def _make_transform(move_map: MoveMap):
             new_source = done.new_source
             if new_source is not None and at_risk(task.source):
                 new_source = keep_untouched_lines(task.source, new_source)
-                if new_source is None:
-                    return Outcome(None, done.findings, error="libcst cannot give this file's "
-                                   "bytes back exactly; left as is")
             return Outcome(new_source, done.findings)
         except cst.ParserSyntaxError as exc:
             return Outcome(error=f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
