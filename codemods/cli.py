@@ -146,8 +146,7 @@ def _shown(path: Path) -> str:
 
 def _validate(args) -> tuple[MoveMap, str | None]:
     """Everything that can be wrong before a file is read; raises UsageError."""
-    empty = [i for i, p in enumerate(args.paths) if p == ""]
-    if empty:
+    if "" in args.paths:
         raise UsageError("empty path argument (use '.' for the current folder)")
     if args.json == "-" and args.mode == "diff":
         raise UsageError("--json - and --diff both write to stdout; give --json a file")
