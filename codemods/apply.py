@@ -26,11 +26,19 @@ class Apply(cst.CSTTransformer):
         self.edits = edits
 
     def _replacement(self, small: cst.CSTNode) -> list[cst.BaseSmallStatement] | None:
+        parts = self._parts(small)
+        return None if parts is None else parts[0]
+
+    def _parts(self, small: cst.CSTNode):
+        """(statements replacing ``small`` in order, index of ``small``'s own new form or
+        None when it is deleted), or None when nothing is planned for it."""
         e = self.edits
-        if not any(small in d for d in (e.statements, e.split_off, e.bindings_after, e.deleted)):
+        if not any(small in d for d in (e.statements, e.split_off, e.bindings_after, e.deleted, e.placed_before)):
             return None
+        before = e.placed_before.get(small, [])
         head = [] if small in e.deleted else [e.current(small)]
-        return head + e.split_off.get(small, []) + e.bindings_after.get(small, [])
+        after = e.split_off.get(small, []) + e.bindings_after.get(small, [])
+        return before + head + after, (len(before) if head else None)
 
     def on_leave(self, original, updated):
         if original in self.edits.expressions:
@@ -55,20 +63,28 @@ class Apply(cst.CSTTransformer):
         return flat if touched else None
 
     def _line(self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
-        flat = self._flatten(original, updated)
-        if flat is None:
+        if len(original.body) > 1:
+            flat = self._flatten(original, updated)
+            return updated if flat is None else updated.with_changes(body=_joined(flat, updated.body))
+        parts = self._parts(original.body[0])
+        if parts is None:
             return updated
+        flat, own = parts
         if not flat:
             return cst.RemovalSentinel.REMOVE
-        if len(original.body) > 1:
-            return updated.with_changes(body=_joined(flat, updated.body))
+        own = 0 if own is None else own  # the first remaining statement takes the line's place
         trailing = updated.trailing_whitespace
         extra = cst.TrailingWhitespace()
         if trailing.comment is not None and _PRAGMA.match(trailing.comment.value):
             extra = trailing
-        lines = [updated.with_changes(body=[flat[0]])]
-        for small in flat[1:]:
-            lines.append(cst.SimpleStatementLine(body=[small], trailing_whitespace=extra))
+        lines = []
+        for i, small in enumerate(flat):
+            leading = updated.leading_lines if i == 0 else ()
+            if i == own:
+                lines.append(updated.with_changes(body=[small], leading_lines=leading))
+            else:
+                lines.append(cst.SimpleStatementLine(body=[small], trailing_whitespace=extra,
+                                                     leading_lines=leading))
         return cst.FlattenSentinel(lines) if len(lines) > 1 else lines[0]
 
 

@@ -34,6 +34,7 @@ class ImportSite:
     index: int  # position of ``line`` in ``block``
     module: str | None  # absolute module of a from-import
     try_ctx: tuple[cst.CSTNode, str] | None  # (Try node, "body" | "handler" | "other")
+    protected: bool = False  # in the old-version branch of an ``if`` on the version
 
 
 @dataclass(eq=False)
@@ -58,12 +59,20 @@ class Collected:
     docstrings: set[cst.CSTNode] = field(default_factory=set)
     strings: list[cst.SimpleString] = field(default_factory=list)
     calls: list[CallSite] = field(default_factory=list)
+    # NAME = "text" assignments (None when a name gets several values): module paths
+    # kept in constants and used to build patch targets
+    constants: dict[str, str | None] = field(default_factory=dict)
+    module_slots: list[cst.BaseExpression] = field(default_factory=list)  # keys into sys.modules
+    annotation_strings: list[cst.SimpleString] = field(default_factory=list)
 
 
-def collect(module: cst.Module, package: str | None, interesting: frozenset[str]) -> Collected:
+def collect(module: cst.Module, package: str | None, interesting: frozenset[str],
+            new_module: str | None = None) -> Collected:
     """Walk ``module`` once; relative imports resolve against ``package``, and only
-    attributes named in ``interesting`` are kept."""
-    collector = Collector(package, interesting)
+    attributes named in ``interesting`` are kept. With ``new_module``, the branches of an
+    ``if`` on a version that do not use it, while another branch does, are left out (the
+    code there is for releases before the split)."""
+    collector = Collector(package, interesting, new_module)
     module.visit(collector)
     return collector.found
 
@@ -72,10 +81,13 @@ class Collector(cst.CSTVisitor):
     """Fills ``found``; the stacks below track which statement list, position and
     try/except the import being visited sits in."""
 
-    def __init__(self, package: str | None, interesting: frozenset[str]) -> None:
+    def __init__(self, package: str | None, interesting: frozenset[str], new_module: str | None = None) -> None:
         super().__init__()
         self.package = package
         self.interesting = interesting
+        self._new_word = new_module.rsplit(".", 1)[-1] if new_module else None
+        self._old_branches: set[cst.CSTNode] = set()  # blocks kept for older releases
+        self._protected = 0
         self.found = Collected()
         self._blocks: list[list] = []  # [owner, next index]
         self._line: cst.CSTNode | None = None
@@ -83,6 +95,8 @@ class Collector(cst.CSTVisitor):
         self._tries: list[tuple[cst.CSTNode, str]] = []
         self._try_tails: dict[cst.CSTNode, cst.CSTNode] = {}
         self._depth = 0  # function/class nesting; __all__ counts only at module level
+        self._seen_elifs: set[cst.CSTNode] = set()
+        self._in_annotation = 0
 
     # statement containers -------------------------------------------------------
     def _enter_block(self, node: cst.CSTNode) -> None:
@@ -93,15 +107,19 @@ class Collector(cst.CSTVisitor):
 
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._enter_block(node)
+        self._protected += node in self._old_branches
 
     def leave_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._blocks.pop()
+        self._protected -= node in self._old_branches
 
     def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
         self._line, self._line_index = node, 0
+        self._protected += node in self._old_branches
 
     def leave_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
         self._line = None
+        self._protected -= node in self._old_branches
 
     def _count_statement(self) -> int:
         if not self._blocks:
@@ -119,6 +137,26 @@ class Collector(cst.CSTVisitor):
 
     def visit_If(self, node: cst.If) -> None:
         self._count_statement()
+        if self._new_word and node not in self._seen_elifs:
+            self._version_branches(node)
+
+    def _version_branches(self, node: cst.If) -> None:
+        """In ``if <version test>: ... elif ...: ... else: ...``, a branch that does not
+        mention the new module while another one does is code for older releases."""
+        branches, tests, current = [], [], node
+        while isinstance(current, cst.If):
+            tests.append(current.test)
+            branches.append(current.body)
+            self._seen_elifs.add(current)
+            current = current.orelse
+        if isinstance(current, cst.Else):
+            branches.append(current.body)
+        code = cst.Module(body=[]).code_for_node
+        if len(branches) < 2 or not any("version" in code(t).lower() for t in tests):
+            return
+        uses_new = [self._new_word in code(b) for b in branches]
+        if any(uses_new):
+            self._old_branches.update(b for b, new in zip(branches, uses_new) if not new)
 
     def _compound(self, node: cst.CSTNode) -> None:
         self._count_statement()
@@ -182,6 +220,7 @@ class Collector(cst.CSTVisitor):
             index=self._line_index,
             module=module,
             try_ctx=self._tries[-1] if self._tries else None,
+            protected=self._protected > 0,
         )
         self.found.sites.append(site)
         for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
@@ -210,8 +249,20 @@ class Collector(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.found.attr_words.add(node.attr.value)
-        if node.attr.value in self.interesting:
+        if node.attr.value in self.interesting and not self._protected:
             self.found.attributes.append(node)
+
+    def visit_Subscript(self, node: cst.Subscript) -> None:
+        if dotted_name(node.value) == "sys.modules" and len(node.slice) == 1 and not self._protected:
+            index = node.slice[0].slice
+            if isinstance(index, cst.Index):
+                self.found.module_slots.append(index.value)
+
+    def visit_Annotation(self, node: cst.Annotation) -> None:
+        self._in_annotation += 1
+
+    def leave_Annotation(self, node: cst.Annotation) -> None:
+        self._in_annotation -= 1
 
     def _stores(self, target: cst.BaseExpression) -> None:
         if isinstance(target, cst.Attribute):
@@ -221,6 +272,12 @@ class Collector(cst.CSTVisitor):
                 self._stores(element.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name):
+            text = literal(node.value)
+            if text is not None:
+                name = node.targets[0].target.value
+                known = self.found.constants
+                known[name] = text if known.get(name, text) == text else None
         for target in node.targets:
             self._stores(target.target)
             if self._depth == 0 and _is_name(target.target, "__all__"):
@@ -253,7 +310,10 @@ class Collector(cst.CSTVisitor):
                 self.found.docstrings.update(_parts(node.value))
 
     def visit_SimpleString(self, node: cst.SimpleString) -> None:
-        self.found.strings.append(node)
+        if not self._protected:
+            self.found.strings.append(node)
+            if self._in_annotation:
+                self.found.annotation_strings.append(node)
 
     def visit_Call(self, node: cst.Call) -> None:
         name = dotted_name(node.func) or ""
@@ -269,6 +329,13 @@ class Collector(cst.CSTVisitor):
             kind = "patch"
         elif name.endswith("patch.object"):
             kind = "object"
+        elif name.endswith("patch.dict") and node.args and dotted_name(node.args[0].value) == "sys.modules":
+            if len(node.args) > 1 and isinstance(node.args[1].value, cst.Dict):
+                self.found.module_slots.extend(
+                    e.key for e in node.args[1].value.elements if isinstance(e, cst.DictElement)
+                )
+        elif name in ("sys.modules.setdefault", "sys.modules.pop", "sys.modules.get") and node.args:
+            self.found.module_slots.append(node.args[0].value)
         elif name.endswith("patch.multiple"):
             kind = "multiple"
         elif last in ("setattr", "delattr"):
@@ -280,7 +347,7 @@ class Collector(cst.CSTVisitor):
                 self.found.all_names.add(text)
             else:
                 self._all_entries(value)
-        if kind:
+        if kind and not self._protected:
             self.found.calls.append(CallSite(kind, node))
 
 

@@ -22,6 +22,8 @@ class Edits:
     retargeted: dict[cst.CSTNode, str] = field(default_factory=dict)
     # statement -> from-imports split off it, placed right after it
     split_off: dict[cst.CSTNode, list[cst.BaseSmallStatement]] = field(default_factory=dict)
+    # statement -> from-imports placed right before it (where import sorting wants them)
+    placed_before: dict[cst.CSTNode, list[cst.BaseSmallStatement]] = field(default_factory=dict)
     # statement -> module bindings added right after it (after any split-off imports)
     bindings_after: dict[cst.CSTNode, list[cst.BaseSmallStatement]] = field(default_factory=dict)
     deleted: set[cst.CSTNode] = field(default_factory=set)
@@ -54,4 +56,4 @@ class Edits:
 
     def any(self) -> bool:
         return bool(self.expressions or self.statements or self.split_off
-                    or self.bindings_after or self.deleted)
+                    or self.bindings_after or self.deleted or self.placed_before)

@@ -30,7 +30,7 @@ class FileFacts:
     @classmethod
     def read(cls, module: cst.Module, move_map: MoveMap, package: str | None, path: str) -> FileFacts:
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
-        found = collect(wrapper.module, package, move_map.interesting)
+        found = collect(wrapper.module, package, move_map.interesting, move_map.new_module)
         return cls(wrapper.module, wrapper, move_map, package, path, found)
 
     @property

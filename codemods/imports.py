@@ -56,8 +56,11 @@ def _leading_lines(source: cst.ImportFrom, alias: cst.ImportAlias) -> Sequence[c
     """Comment lines written just above ``alias`` inside a multi-line list."""
     names = list(source.names)
     pos = next((k for k, a in enumerate(names) if a is alias), None)
-    if not pos:
+    if pos is None:
         return ()
+    if pos == 0:
+        opening = source.lpar.whitespace_after if source.lpar is not None else None
+        return opening.empty_lines if isinstance(opening, cst.ParenthesizedWhitespace) else ()
     prev = names[pos - 1].comma
     if isinstance(prev, cst.Comma) and isinstance(prev.whitespace_after, cst.ParenthesizedWhitespace):
         return prev.whitespace_after.empty_lines
@@ -120,6 +123,15 @@ def with_aliases(
             )
         out.append(alias.with_changes(comma=cst.Comma(whitespace_after=whitespace)))
     changes: dict = {"names": out}
+    if multiline:
+        # comment lines above the first name travel with it
+        first, first_source = entries[0]
+        opening = node.lpar.whitespace_after
+        leading = _leading_lines(first_source or node, first)
+        if list(leading) != list(opening.empty_lines):
+            changes["lpar"] = node.lpar.with_changes(
+                whitespace_after=opening.with_changes(empty_lines=leading)
+            )
     if multiline and out[-1] is not last_original and node.rpar is not None:
         changes["rpar"] = node.rpar.with_changes(whitespace_before=cst.SimpleWhitespace(""))
     return node.with_changes(**changes)

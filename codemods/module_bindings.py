@@ -162,3 +162,15 @@ def resolve_module(m: Migration, expr: cst.BaseExpression):
         if base is not None:
             return f"{base}.{expr.attr.value}", refs
     return None, ()
+
+
+def optional_binding(m: Migration, expr: cst.BaseExpression) -> bool:
+    """Whether ``expr`` is a name that imports bind to the old module and a plain
+    assignment binds otherwise (``try: import old as m`` / ``except ImportError: m = None``)."""
+    refs = m.facts.referents.get(expr)
+    if not refs:
+        return False
+    imports = [r for r in refs if isinstance(r, ImportAssignment)]
+    return bool(imports) and len(imports) < len(refs) and all(
+        _assignment_module(m, r) == m.facts.old for r in imports
+    )

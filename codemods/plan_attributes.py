@@ -19,7 +19,7 @@ import libcst as cst
 from .collect import ImportSite
 from .imports import alias_binding, with_aliases
 from .migration import Migration
-from .module_bindings import module_ref, resolve_module
+from .module_bindings import module_ref, optional_binding, resolve_module
 from .resolve import dotted_expr, dotted_name, parent_and_base
 
 
@@ -31,9 +31,16 @@ def plan_module_attributes(m: Migration) -> None:
     assignments: dict[int, object] = {}
     for attribute in facts.found.attributes:
         module, refs = resolve_module(m, attribute.value)
+        name = attribute.attr.value
+        if module is None and name not in facts.map.gone and optional_binding(m, attribute.value):
+            binding = dotted_name(attribute.value)
+            m.report(attribute, "MMS011", name,
+                     f"{binding}.{name}: {binding} is {facts.old} when its import succeeds and a "
+                     f"fallback value otherwise; {name!r} moved to {facts.map.destination(name)}: "
+                     "import that module the same way and use it here (not rewritten)", False)
+            continue
         if module != facts.old:
             continue
-        name = attribute.attr.value
         if name in facts.map.gone:
             m.report.gone(attribute, name)
             continue

@@ -11,6 +11,8 @@ reported.
 
 from __future__ import annotations
 
+import re
+
 import libcst as cst
 
 from .collect import literal
@@ -29,6 +31,8 @@ def plan_calls(m: Migration) -> None:
             first = _argument(node, 0, "target")
             if isinstance(first, cst.SimpleString) and "." in (literal(first) or ""):
                 _string_target(m, first)
+            elif isinstance(first, (cst.FormattedString, cst.BinaryOperation, cst.Call)):
+                _computed_target(m, first, "patch")
             else:
                 _object_target(m, node, first, _argument(node, 1, "name"), "patch")
         elif call.kind == "object":
@@ -63,10 +67,68 @@ def _with_literal(node: cst.SimpleString, text: str) -> cst.SimpleString | None:
     return node.with_changes(value=f"{node.prefix}{node.quote}{text}{node.quote}")
 
 
+def approximate(expr, constants: dict[str, str | None]) -> str | None:
+    """The text a string expression builds, with ``\0`` for what cannot be known here:
+    literals, f-strings, ``+``, ``"...".format(...)`` and names bound once to a literal."""
+    if isinstance(expr, cst.SimpleString):
+        return literal(expr)
+    if isinstance(expr, cst.Name):
+        return constants.get(expr.value) or "\0"
+    if isinstance(expr, cst.ConcatenatedString):
+        left, right = approximate(expr.left, constants), approximate(expr.right, constants)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, cst.FormattedString):
+        out = []
+        for part in expr.parts:
+            if isinstance(part, cst.FormattedStringText):
+                out.append(part.value)
+            else:
+                out.append(approximate(part.expression, constants) or "\0")
+        return "".join(out)
+    if isinstance(expr, cst.BinaryOperation) and isinstance(expr.operator, cst.Add):
+        left, right = approximate(expr.left, constants), approximate(expr.right, constants)
+        return None if left is None and right is None else (left or "\0") + (right or "\0")
+    if (isinstance(expr, cst.Call) and isinstance(expr.func, cst.Attribute)
+            and expr.func.attr.value == "format"):
+        template = approximate(expr.func.value, constants)
+        if template is None:
+            return None
+        values = [approximate(a.value, constants) or "\0" for a in expr.args if a.keyword is None]
+        named = {a.keyword.value: approximate(a.value, constants) or "\0" for a in expr.args if a.keyword}
+        position = iter(values)
+
+        def field(match: re.Match) -> str:
+            key = match.group(1)
+            if not key:
+                return next(position, "\0")
+            if key.isdigit():
+                return values[int(key)] if int(key) < len(values) else "\0"
+            return named.get(key, "\0")
+
+        return re.sub(r"\{([^{}!:]*)[^{}]*\}", field, template)
+    return None
+
+
+def _computed_target(m: Migration, expr, how: str) -> None:
+    """A patch target built at run time that names a name which left the old module."""
+    facts = m.facts
+    text = approximate(expr, facts.found.constants)
+    if text is None:
+        return
+    names = [n for n in re.findall(re.escape(facts.old) + r"\.(\w+)", text) if n in facts.map.interesting]
+    if names:
+        m.report(expr, "MMS012", names[0],
+                 f"{how} target built at run time names {facts.old}.{names[0]}, which moved to "
+                 f"{facts.map.destination(names[0])}; not rewritten", False)
+
+
 def _string_target(m: Migration, string) -> None:
     """``patch("old.name...")``: rewritten when the name moved to the new module alone."""
     facts = m.facts
     old, new, move_map = facts.old, facts.new, facts.map
+    if string is not None and not isinstance(string, cst.SimpleString):
+        _computed_target(m, string, "patch")
+        return
     text = literal(string) if string is not None else None
     if text is None or not text.startswith(old + "."):
         return
@@ -187,3 +249,18 @@ def _dynamic_import(m: Migration, call: cst.Call) -> None:
         m.report(call, "MMS007", ",".join(used),
                  f"{facts.old} imported dynamically and {', '.join(used)} used in this file; "
                  f"those moved (to {facts.new} or their origin); not rewritten", False)
+
+
+def plan_module_slots(m: Migration) -> None:
+    """``sys.modules["old"] = stub`` (or ``patch.dict(sys.modules, {...})``): code that
+    imports a moved name now imports the new module, which the stub does not replace."""
+    facts = m.facts
+    for key in facts.found.module_slots:
+        text = approximate(key, facts.found.constants)
+        if text != facts.old:
+            continue
+        if isinstance(key, cst.SimpleString):
+            m.edits.handled_strings.add(key)
+        m.report(key, "MMS013", facts.old,
+                 f"sys.modules entry for {facts.old}: a stub there no longer stands in for the "
+                 f"names that moved to {facts.new}; stub {facts.new} as well", False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ from pathlib import Path
 from .findings import Finding
 from .move_map import MoveMap
 from .resolve import absolute_module, may_bind, parent_and_base, path_forms
+
+_WORDS = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Gate:
     rebound_sources: frozenset[str]  # modules a rebound global may be from-imported from
     rebound: frozenset[str]
     path_forms: tuple[str, ...]
+    old_base: str
 
     @classmethod
     def for_map(cls, move_map: MoveMap) -> Gate:
@@ -43,6 +47,7 @@ class Gate:
             rebound_sources=frozenset({old, move_map.new_module}),
             rebound=move_map.rebound_globals,
             path_forms=path_forms(old),
+            old_base=old_base,
         )
 
     def mentions(self, source: bytes) -> bool:
@@ -86,6 +91,10 @@ class Gate:
                 if any(form in text for form in self.path_forms):
                     return True
                 words.add(text)
+                if self.old_base in text:  # doctests, string annotations
+                    if "from " + self.old in text:
+                        return True
+                    words.update(_WORDS.findall(text))
         return binds_old_module and not words.isdisjoint(self.interesting)
 
 

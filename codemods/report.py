@@ -12,11 +12,13 @@ from .move_map import MoveMap
 @dataclass(eq=False)
 class Reporter:
     map: MoveMap
-    # (node, code, symbol, message, fixed), in the order rules raised them
-    raw: list[tuple[cst.CSTNode, str, str, str, bool]] = field(default_factory=list)
+    # (node, code, symbol, message, fixed, lines below the node's start), in the order
+    # rules raised them
+    raw: list[tuple[cst.CSTNode, str, str, str, bool, int]] = field(default_factory=list)
 
-    def __call__(self, node: cst.CSTNode, code: str, symbol: str, message: str, fixed: bool) -> None:
-        self.raw.append((node, code, symbol, message, fixed))
+    def __call__(self, node: cst.CSTNode, code: str, symbol: str, message: str, fixed: bool,
+                 line_offset: int = 0) -> None:
+        self.raw.append((node, code, symbol, message, fixed, line_offset))
 
     def move(self, node: cst.CSTNode, name: str, dest: str, how: str) -> None:
         """A rewrite of ``name`` to ``dest``, worded by what kind of move it is."""

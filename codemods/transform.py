@@ -24,7 +24,8 @@ from .findings import Finding, is_suppressed
 from .migration import Migration
 from .move_map import MoveMap
 from .plan_attributes import plan_module_attributes, prune_unused_module_bindings
-from .plan_calls import plan_calls
+from .plan_calls import plan_calls, plan_module_slots
+from .plan_docs import plan_doc_references
 from .plan_imports import plan_from_imports
 from .plan_star import plan_star_imports
 from .plan_strings import plan_strings
@@ -41,7 +42,9 @@ RULES = (
     plan_from_imports,
     plan_module_attributes,
     plan_calls,
+    plan_module_slots,
     plan_star_imports,
+    plan_doc_references,
     plan_strings,
     prune_unused_module_bindings,
 )
@@ -76,8 +79,10 @@ def migrate_module(
     raw = migration.report.raw
     positions = start_positions(original, [r[0] for r in raw])
     findings = []
-    for node, code, symbol, message, fixed in raw:
+    for node, code, symbol, message, fixed, line_offset in raw:
         line, column = positions.get(node, (1, 1))
+        if line_offset:
+            line, column = line + line_offset, 1
         findings.append(Finding(path, line, column, code, symbol, message, fixed))
     findings.sort(key=lambda f: (f.line, f.column, f.code))
     return new_module, findings

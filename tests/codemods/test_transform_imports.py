@@ -34,12 +34,12 @@ def test_mixed_statement_is_split_keeping_aliases_and_comments(check):
         )
         """,
         """
+        from sglang.srt.managers.mm_schedule import (
+            _get_multimodal_mask as mask_of,  # private, moves
+        )
         from sglang.srt.managers.mm_utils import (
             general_mm_embed_routine,  # stays
             hash_feature
-        )
-        from sglang.srt.managers.mm_schedule import (
-            _get_multimodal_mask as mask_of,  # private, moves
         )
         """,
         codes=["MMS002"],
@@ -54,7 +54,11 @@ def test_moved_names_merge_into_an_earlier_import_of_the_new_module(check):
         from sglang.srt.managers.mm_utils import hash_feature, _is_hip as hip  # noqa: F401
         """,
         """
-        from sglang.srt.managers.mm_schedule import get_embedding_and_mask, _get_multimodal_mask, _is_hip as hip
+        from sglang.srt.managers.mm_schedule import (
+            _get_multimodal_mask,
+            _is_hip as hip,
+            get_embedding_and_mask,
+        )
         from sglang.srt.managers.mm_utils import hash_feature  # noqa: F401
         """,
         codes=["MMS002", "MMS002"],
@@ -91,8 +95,8 @@ def test_function_local_import_is_edited_in_place_never_hoisted(check):
 
 
         def encode():
-            from sglang.srt.managers.mm_utils import hash_feature
             from sglang.srt.managers.mm_schedule import get_embedding_chunk
+            from sglang.srt.managers.mm_utils import hash_feature
             return get_embedding_chunk(hash_feature)
         """,
     )
@@ -109,8 +113,8 @@ def test_type_checking_imports_stay_type_checking_only(check):
         """
         from typing import TYPE_CHECKING
         if TYPE_CHECKING:
-            from sglang.srt.managers.mm_utils import hash_feature
             from sglang.srt.managers.mm_schedule import PerImageRequestInfo
+            from sglang.srt.managers.mm_utils import hash_feature
         if TYPE_CHECKING: from sglang.srt.managers.mm_utils import hash_feature; from sglang.srt.managers.mm_schedule import _is_hip
         """,
     )
@@ -200,8 +204,8 @@ def test_unresolvable_relative_import_is_not_guessed(migrate):
 def test_import_only_names_go_to_their_origin_and_are_reported(check):
     findings = check(
         "from sglang.srt.managers.mm_utils import MultimodalDataItem, _is_hip\n",
-        "from sglang.srt.managers.schedule_batch import MultimodalDataItem\n"
-        "from sglang.srt.managers.mm_schedule import _is_hip\n",
+        "from sglang.srt.managers.mm_schedule import _is_hip\n"
+        "from sglang.srt.managers.schedule_batch import MultimodalDataItem\n",
         codes=["MMS003", "MMS002"],
     )
     assert all(f.fixed for f in findings)

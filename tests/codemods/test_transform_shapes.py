@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import textwrap
+
+import pytest
+
 from mm_schedule.codemods.findings import RULES
 from mm_schedule.codemods.relevance import fork_warnings
 
@@ -55,3 +60,211 @@ def test_fork_warning_names_the_old_modules_own_file(move_map):
     warnings = fork_warnings(paths, move_map)
     assert [w.path for w in warnings] == [paths[0]]
     assert warnings[0].code == "MMS015" and "MMS015" in RULES and not warnings[0].fixed
+
+
+def _ruff() -> str | None:
+    """The ruff executable next to the installed ruff package, if any."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        import ruff
+    except ImportError:
+        return shutil.which("ruff")
+    for candidate in (Path(ruff.__file__).resolve().parents[4] / "bin" / "ruff", shutil.which("ruff")):
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    return None
+
+
+SORTED_BLOCKS = [
+    # a split: the new module sorts before the old one
+    """
+    import os
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    print(os, TokenizedGenerateReqInput, get_embedding_chunk, hash_feature, ScheduleBatch)
+    """,
+    # an import-only name joins a later import of its origin; the statement keeps its place
+    """
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.mm_utils import MultimodalDataItem, get_embedding_chunk
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    print(TokenizedGenerateReqInput, MultimodalDataItem, get_embedding_chunk, ScheduleBatch)
+    """,
+    # names merged into an existing import keep isort's member order
+    """
+    from sglang.srt.managers.mm_schedule import PerImageRequestInfo, init_mm_embedding_cache
+    from sglang.srt.managers.mm_utils import _is_hip, get_embedding_chunk, hash_feature
+
+    print(PerImageRequestInfo, init_mm_embedding_cache, _is_hip, get_embedding_chunk, hash_feature)
+    """,
+    # a long list stays wrapped
+    """
+    from sglang.srt.managers.mm_utils import (
+        PerImageRequestInfo,
+        get_embedding_chunk,
+        hash_feature,
+    )
+
+    print(PerImageRequestInfo, get_embedding_chunk, hash_feature)
+    """,
+]
+
+
+@pytest.mark.parametrize("before", SORTED_BLOCKS)
+def test_new_imports_keep_a_sorted_block_sorted(migrate, before, tmp_path):
+    """ruff's I001 passes on the input and still passes on the output."""
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+
+    def i001(text: str) -> subprocess.CompletedProcess:
+        path = tmp_path / "block.py"
+        path.write_text(text)
+        return subprocess.run([ruff, "check", "--isolated", "--select", "I001", str(path)],
+                              capture_output=True, text=True)
+
+    source = textwrap.dedent(before)
+    assert i001(source).returncode == 0, "the fixture itself must be sorted"
+    after, findings = migrate(before)
+    assert after != source and findings
+    result = i001(after)
+    assert result.returncode == 0, after + result.stdout
+
+
+def test_comment_above_a_moved_name_moves_with_it(check):
+    check(
+        """
+        from sglang.srt.managers.mm_utils import (
+            # the chunk helper
+            get_embedding_chunk,
+            # stays behind
+            hash_feature,
+        )
+        """,
+        """
+        from sglang.srt.managers.mm_schedule import (
+            # the chunk helper
+            get_embedding_chunk,
+        )
+        from sglang.srt.managers.mm_utils import (
+            # stays behind
+            hash_feature,
+        )
+        """,
+        codes=["MMS001"],
+    )
+
+
+def test_optional_import_of_the_old_module_is_flagged(check):
+    source = """
+        try:
+            import sglang.srt.managers.mm_utils as mmu
+        except ImportError:
+            mmu = None
+
+        def chunk(x):
+            if mmu is not None:
+                return mmu.get_embedding_chunk(x)
+            return mmu.hash_feature(x)
+        """
+    findings = check(source, source, codes=["MMS011"])
+    assert findings[0].symbol == "get_embedding_chunk" and findings[0].line == 9
+
+
+def test_old_version_branch_of_a_version_check_is_left_alone(check):
+    check(
+        """
+        from sglang.srt.managers import mm_utils
+        if SGLANG_VERSION >= (0, 5, 18):
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+            mask = mm_utils._get_multimodal_mask
+        elif sglang.__version__.startswith("0.4"):
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        else:
+            get_embedding_chunk = mm_utils.get_embedding_chunk
+        """,
+        """
+        from sglang.srt.managers import mm_utils, mm_schedule
+        if SGLANG_VERSION >= (0, 5, 18):
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+            mask = mm_schedule._get_multimodal_mask
+        elif sglang.__version__.startswith("0.4"):
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        else:
+            get_embedding_chunk = mm_utils.get_embedding_chunk
+        """,
+        codes=["MMS002"],
+    )
+
+
+def test_an_if_that_is_not_about_versions_is_migrated(check):
+    check(
+        """
+        if USE_FAST:
+            from sglang.srt.managers.mm_schedule import get_embedding_and_mask
+        else:
+            from sglang.srt.managers.mm_utils import get_embedding_chunk
+        """,
+        """
+        if USE_FAST:
+            from sglang.srt.managers.mm_schedule import get_embedding_and_mask
+        else:
+            from sglang.srt.managers.mm_schedule import get_embedding_chunk
+        """,
+        codes=["MMS001"],
+    )
+
+
+def test_patch_targets_built_from_a_module_constant_are_flagged(check):
+    source = '''
+        import sys
+        from unittest import mock
+        MM = "sglang.srt.managers.mm_utils"
+
+        def test_it(monkeypatch):
+            with mock.patch(f"{MM}.get_embedding_chunk"):
+                pass
+            mock.patch(MM + "._get_multimodal_mask")
+            mock.patch("{}.{}".format(MM, "get_embedding_chunk"))
+            monkeypatch.setattr(f"{MM}.get_embedding_chunk", None)
+            mock.patch(f"{MM}.hash_feature")  # stays in the old module: nothing to say
+            sys.modules["sglang.srt.managers.mm_utils"] = object()
+            sys.modules[MM] = object()
+        '''
+    findings = check(source, source)
+    assert [(f.line, f.code) for f in findings] == [
+        (7, "MMS012"), (9, "MMS012"), (10, "MMS012"), (11, "MMS012"), (13, "MMS013"), (14, "MMS013"),
+    ]
+
+
+def test_sys_modules_stub_through_patch_dict_is_flagged(check):
+    source = """
+        import sys
+        from unittest import mock
+        mock.patch.dict(sys.modules, {"sglang.srt.managers.mm_utils": object()})
+        """
+    check(source, source, codes=["MMS013"])
+
+
+def test_doctests_and_string_annotations_naming_moved_names_are_flagged(check):
+    source = '''
+        from sglang.srt.managers import mm_utils
+
+        def chunk(info: "mm_utils.PerImageRequestInfo", x) -> "mm_utils.hash_feature":
+            """Take one chunk.
+
+            >>> from sglang.srt.managers.mm_utils import get_embedding_chunk
+            >>> mm_utils.get_embedding_and_mask  # re-exported: still fine
+            """
+            return info
+        '''
+    findings = check(source, source)
+    assert [(f.line, f.code, f.symbol) for f in findings] == [
+        (4, "MMS014", "PerImageRequestInfo"), (7, "MMS014", "get_embedding_chunk"),
+    ]
