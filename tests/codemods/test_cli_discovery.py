@@ -13,8 +13,8 @@ from mm_schedule.codemods import cli
 
 MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
 MOVED = (
-    "from sglang.srt.managers.mm_utils import hash_feature\n"
     "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
+    "from sglang.srt.managers.mm_utils import hash_feature\n"
 )
 
 

@@ -14,8 +14,8 @@ import pytest
 from mm_schedule.codemods import cli
 
 IMPORT = b"from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature"
-SPLIT = (b"from sglang.srt.managers.mm_utils import hash_feature",
-         b"from sglang.srt.managers.mm_schedule import get_embedding_chunk")
+SPLIT = (b"from sglang.srt.managers.mm_schedule import get_embedding_chunk",
+         b"from sglang.srt.managers.mm_utils import hash_feature")
 MOVING = IMPORT + b"\n"
 MOVED = b"\n".join(SPLIT) + b"\n"
 

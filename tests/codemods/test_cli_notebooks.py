@@ -60,8 +60,8 @@ def test_a_notebook_is_migrated_cell_by_cell_with_its_layout_kept(tree, map_file
         "%load_ext autoreload\n",
         # every use of the alias (in the last cell) moved, so the alias follows them
         "import sglang.srt.managers.mm_schedule as mmu\n",
-        "from sglang.srt.managers.mm_utils import hash_feature\n",
         "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n",
+        "from sglang.srt.managers.mm_utils import hash_feature\n",
         "!pip list | grep sglang",
     ]
     assert cells[2] == json.loads(before)["cells"][2]  # a %%bash cell is not Python

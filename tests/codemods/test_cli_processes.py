@@ -13,8 +13,8 @@ import pytest
 
 IMPORT = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
 MOVED = (
-    "from sglang.srt.managers.mm_utils import hash_feature\n"
     "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
+    "from sglang.srt.managers.mm_utils import hash_feature\n"
 )
 # libcst 1.9's native parser segfaults on this; CPython's ast refuses it (too deep), so
 # the cheap gate lets it through to libcst.
