@@ -3,8 +3,8 @@
 Folders are walked for ``.py``, ``.pyi`` and ``.ipynb`` files. Left out, each with a
 reason ``-v`` prints:
 
-* what ``.gitignore`` files (the repository's, nested ones, negations) and
-  ``.git/info/exclude`` ignore;
+* what ``.gitignore`` files (the repository's, nested ones, negations),
+  ``.git/info/exclude`` and the user's global git excludes file ignore;
 * virtual environments, recognised by their ``pyvenv.cfg`` (or ``conda-meta``), not
   by their name: a package called ``env`` or ``build`` is processed;
 * tool and cache folders (``.git``, ``.tox``, ``__pycache__``, ``node_modules``, ...),
@@ -125,8 +125,10 @@ class _Ignore:
                 verdict = None if rule.negate else rule
         return verdict
 
-    def child(self, folder: Path, file_name: str = ".gitignore") -> _Ignore:
-        rules_file = folder / file_name
+    def child(self, folder: Path, rules_file: Path | None = None) -> _Ignore:
+        """These rules and those of ``rules_file`` (default: the folder's ``.gitignore``),
+        whose patterns are relative to ``folder``."""
+        rules_file = rules_file or folder / ".gitignore"
         try:
             lines = rules_file.read_text("utf-8", errors="replace").splitlines()
         except OSError:
@@ -135,16 +137,40 @@ class _Ignore:
         return _Ignore(self, folder, rules) if rules else self
 
 
+def _global_excludes() -> Path | None:
+    """The user's git excludes file: ``core.excludesFile`` from the global git config,
+    else git's default ``$XDG_CONFIG_HOME/git/ignore``."""
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git"
+    for config in (Path.home() / ".gitconfig", xdg / "config"):
+        try:
+            lines = config.read_text("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        section = ""
+        for line in lines:
+            line = line.strip()
+            if line.startswith("["):
+                section = line.strip("[]").strip().lower()
+            elif section == "core" and "=" in line:
+                key, value = (part.strip() for part in line.split("=", 1))
+                if key.lower() == "excludesfile" and value:
+                    return Path(os.path.expanduser(value.strip('"')))
+    return xdg / "ignore"
+
+
 def _ignore_for(folder: Path) -> _Ignore:
-    """Rules of the enclosing repository (``info/exclude``, then each ``.gitignore`` from
-    its top down to ``folder``)."""
+    """Rules of the enclosing repository, weakest first: the user's global excludes file,
+    ``info/exclude``, then each ``.gitignore`` from the top down to ``folder``."""
     chain = [folder, *folder.parents]
     top = next((p for p in chain if (p / ".git").exists()), None)
     ignore = _Ignore(None, folder, [])
     if top is None:
         return ignore.child(folder)
+    global_file = _global_excludes()
+    if global_file is not None:
+        ignore = ignore.child(top, global_file)
     if (top / ".git").is_dir():
-        ignore = ignore.child(top, ".git/info/exclude")
+        ignore = ignore.child(top, top / ".git" / "info" / "exclude")
     for part in reversed(chain[: chain.index(top) + 1]):
         ignore = ignore.child(part)
     return ignore

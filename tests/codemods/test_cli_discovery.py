@@ -205,3 +205,18 @@ def test_a_nested_project_uses_its_own_table_below_it(tree, map_file):
         "old/x.py": False, "fixtures/x.py": True,  # the outer table
         "sub/old/x.py": True, "sub/fixtures/x.py": False, "sub/fixtures/y/z.py": True,  # the inner
     }
+
+
+def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypatch, capsys):
+    home = tree.parent / "home"
+    home.mkdir()
+    (home / "global-ignore").write_text("scratch_*.py\n")
+    (home / ".gitconfig").write_text('[user]\n\tname = x\n[core]\n\texcludesFile = "~/global-ignore"\n')
+    monkeypatch.setenv("HOME", str(home))
+    (tree / ".git").mkdir()
+    (tree / ".gitignore").write_text("!scratch_keep.py\n")  # a repository rule wins
+    _put(tree, "scratch_a.py", "scratch_keep.py", "main.py")
+    assert _main("--write", "-v", ".", map_file=map_file) == 0
+    assert _migrated(tree, "scratch_a.py", "scratch_keep.py", "main.py") == {
+        "scratch_a.py": False, "scratch_keep.py": True, "main.py": True}
+    assert f"scratch_a.py: skipped, ignored by {home / 'global-ignore'}" in capsys.readouterr().err
