@@ -220,3 +220,12 @@ def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypa
     assert _migrated(tree, "scratch_a.py", "scratch_keep.py", "main.py") == {
         "scratch_a.py": False, "scratch_keep.py": True, "main.py": True}
     assert f"scratch_a.py: skipped, ignored by {home / 'global-ignore'}" in capsys.readouterr().err
+
+
+def test_gitignore_can_be_turned_off(tree, map_file):
+    (tree / ".gitignore").write_text("ignored.py\n")
+    _put(tree, "ignored.py")
+    assert _main("--write", ".", map_file=map_file) == 0
+    assert (tree / "ignored.py").read_text() == MOVING
+    assert _main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
+    assert (tree / "ignored.py").read_text() == MOVED
