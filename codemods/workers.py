@@ -155,19 +155,26 @@ class WorkerPool:
         worker.stop(force=True)
 
     def results(self) -> Iterator[tuple[Task, Outcome]]:
+        lost = 0  # workers in a row found dead before a task reached them
         while self._queue or self._busy:
             while self._queue and (self._idle or len(self._all) < self._jobs):
                 worker = self._idle.pop() if self._idle else self._spawn()
                 task = self._queue.popleft()
+                self._busy.append(worker)
                 try:
                     worker.send(task)
-                except (BrokenPipeError, OSError):
-                    self._busy.append(worker)
+                except OSError:
+                    # The worker died while idle (killed from outside): the task never
+                    # reached it, so it goes to another one, unless workers cannot start.
                     note = worker.death_note()
                     self._retire(worker)
-                    yield task, Outcome(error=note)
+                    lost += 1
+                    if lost > self._jobs + 2:
+                        yield task, Outcome(error=note)
+                    else:
+                        self._queue.appendleft(task)
                     continue
-                self._busy.append(worker)
+                lost = 0
             waiting = {w.conn: w for w in self._busy} | {w.process.sentinel: w for w in self._busy}
             ready = wait(list(waiting), timeout=self._next_deadline())
             finished: dict[int, _Worker] = {id(waiting[r]): waiting[r] for r in ready}
