@@ -218,3 +218,21 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
     assert (tree / "slow.py").read_bytes() == MOVING
     assert (tree / "fast.py").read_bytes() == MOVED
     assert "slow.py: took longer than 1 s; file left as is" in capsys.readouterr().err
+
+
+def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch):
+    """What a user who is not root meets with a group-writable file of someone else:
+    a new inode could not be given the old owner, so the old inode is rewritten."""
+    from mm_schedule.codemods import writing
+
+    target = tree / "theirs.py"
+    target.write_bytes(MOVING)
+    inode = target.stat().st_ino
+
+    def refuse(fd, uid, gid):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(writing.os, "fchown", refuse)
+    assert _main("--write", ".", map_file=map_file) == 0
+    assert target.read_bytes() == MOVED and target.stat().st_ino == inode
+    assert _names(tree) == ["theirs.py"]
