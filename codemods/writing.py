@@ -98,7 +98,10 @@ def _replace_by_rename(snapshot, current, info, data: bytes, guard) -> bool:
     so the caller writes in place instead."""
     folder = snapshot.path.parent
     temp_name = f".{snapshot.path.name}.{os.getpid()}.{next(_counter)}{_TEMP_SUFFIX}"
-    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False  # a folder that cannot be opened here: write in place
     try:
         if _anonymous_temps.get(info.st_dev, True):
             done = _try_rename(snapshot, current, info, data, guard, dir_fd, temp_name, True)
@@ -207,6 +210,12 @@ def _write_in_place(snapshot: Snapshot, data: bytes) -> None:
         with open(fd, "rb", closefd=False) as handle:
             if handle.read() != snapshot.data:
                 raise FileChanged(str(snapshot.path))
+        if len(data) > len(snapshot.data) and hasattr(os, "posix_fallocate"):
+            try:  # reserve the space first: a full disk then fails before any byte changes
+                os.posix_fallocate(fd, 0, len(data))
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
         os.lseek(fd, 0, os.SEEK_SET)
         _write_all(fd, data)
         os.ftruncate(fd, len(data))
