@@ -12,6 +12,10 @@ Every tool runs as a fresh subprocess with ``-j`` jobs, so start-up and pool cos
 Results go to ``benchmarks/results/codemod.md``.
 
     python benchmarks/bench_codemod.py [--subset 100] [--jobs 2] [--cap 600] [--quick]
+    python benchmarks/bench_codemod.py --large-file [--large-mb 5]
+
+``--large-file`` runs only the large generated file case instead (``bench_codemod_large.py``:
+one 5 MB module, segmented pass next to the whole-file pass, wall time and peak memory).
 """
 
 from __future__ import annotations
@@ -133,7 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 20-file subset, 120 s cap, no mentioning-files cases; prints only "
                         "(the committed results are left alone unless --out is given)")
+    parser.add_argument("--large-file", action="store_true",
+                        help="run only the large generated file case (bench_codemod_large.py)")
+    parser.add_argument("--large-mb", type=float, default=5.0, help="size of the generated file")
     args = parser.parse_args(argv)
+    if args.large_file:
+        import bench_codemod_large
+
+        return bench_codemod_large.main(["--mb", str(args.large_mb), "--cap", str(args.cap)]
+                                        + (["--out", str(args.out)] if args.out else []))
     if args.quick:
         args.subset, args.cap = min(args.subset, 20), min(args.cap, 120.0)
     elif args.out is None:

@@ -37,7 +37,7 @@ import tarfile
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
@@ -373,20 +373,33 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
-def classify(old: Source, new_old: Source | None, new: Source, header: dict) -> MoveMap:
+def classify(old: Source, new_old: Source | None, new: Source, header: dict,
+             release_binds: Callable[[str, str], bool] | None = None) -> MoveMap:
     """The move map between ``old`` and (``new_old``, ``new``); ``new_old`` None means the
-    old module no longer exists."""
+    old module no longer exists. ``release_binds(module, name)`` answers whether a module
+    of the newer release binds a name; with it, a name the old module imported is only
+    sent to its origin if the origin still has it there (releases far apart move names
+    again), otherwise it is reported as removed."""
     before = scan(old)
     after_old = scan(new_old) if new_old is not None else Bindings()
     after_new = scan(new)
 
     moved: dict[str, MovedName] = {}
     removed: set[str] = set()
+    import_origins: dict[str, str] = {}
+    unmapped: dict[str, str] = {}
     for name, kind in before.defined.items():
         if _is_dunder(name) or name in after_old.defined:
             continue
-        if after_new.binds(name):
+        if name in after_new.defined:
             moved[name] = MovedName(kind=kind, private=_is_private(name))
+        elif name in after_new.imported and not after_old.binds(name):
+            # the new module only imports it: its home is where that import reads from
+            origin, original = after_new.imported[name]
+            if original == name and origin != old.module:
+                import_origins[name] = origin
+            else:
+                unmapped[name] = after_new.import_text[name]
         elif not after_old.binds(name):
             removed.add(name)
 
@@ -395,16 +408,24 @@ def classify(old: Source, new_old: Source | None, new: Source, header: dict) -> 
         for name in moved
         if (origin := after_old.imported.get(name)) is not None and origin == (new.module, name)
     }
+    looked_up_in = {}
+    for name in sorted(reexported):
+        looked_up_in[name] = tuple(
+            source.module for source in (new_old, new)
+            if source is not None and name in _looked_up(source)
+        )
 
-    import_origins: dict[str, str] = {}
-    unmapped: dict[str, str] = {}
     for name, (origin, original) in before.imported.items():
         if name in before.defined or after_old.binds(name) or _is_dunder(name):
             continue
-        if original == name:
-            import_origins[name] = origin
-        else:
+        if original != name:
             unmapped[name] = before.import_text[name]
+        elif release_binds is None or release_binds(origin, name):
+            import_origins[name] = origin
+        elif name in after_new.defined:
+            moved[name] = MovedName(kind=after_new.defined[name], private=_is_private(name))
+        else:
+            removed.add(name)
 
     notes = []
     if before.star_imports:
@@ -424,7 +445,37 @@ def classify(old: Source, new_old: Source | None, new: Source, header: dict) -> 
         header=header,
         removed=frozenset(removed),
         unmapped_imports=dict(sorted(unmapped.items())),
+        looked_up_in=looked_up_in,
     )
+
+
+def _looked_up(source: Source) -> set[str]:
+    """Names the module's own code reads (calls, references), imports excluded."""
+    tree = ast.parse(source.text, filename=source.origin)
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+def _union(a: Bindings, b: Bindings) -> Bindings:
+    return Bindings(defined={**a.defined, **b.defined}, imported={**a.imported, **b.imported})
+
+
+def earlier_names(history: Sequence[Source], move_map: MoveMap, still: Bindings, release: str) -> dict[str, str]:
+    """Names the old module bound in the ``history`` versions (oldest first) that the map
+    neither moves nor reports and that neither module binds in the newer release
+    (``still``): name -> note."""
+    known = (set(move_map.moved) | set(move_map.import_origins) | set(move_map.removed)
+             | set(move_map.unmapped_imports) | set(still.defined) | set(still.imported))
+    out: dict[str, str] = {}
+    for source in history:
+        bindings = scan(source)
+        for name in list(bindings.defined) + list(bindings.imported):
+            if _is_dunder(name) or name in known:
+                continue
+            note = f"bound by {move_map.old_module} in {source.origin.split(':')[0]}"
+            if name in bindings.imported:
+                note += f" (imported there from {bindings.imported[name][0]})"
+            out[name] = f"{note}; gone by {release}"
+    return dict(sorted(out.items()))
 
 
 def _header(command: list[str], sources: list[tuple[str, Source | None]]) -> dict:
@@ -491,10 +542,13 @@ def derive_from_wheels(
     old_module: str = SGLANG_OLD_MODULE,
     new_module: str = SGLANG_NEW_MODULE,
     cache: Path | None = None,
+    history: Sequence[str] = (),
 ) -> MoveMap:
     """Build the map from two released archives, each a path or a pinned ``dist==version``
     (downloaded into ``cache``). The header records the archives by what was asked for
-    (file name or requirement), so the same command reproduces the same map anywhere."""
+    (file name or requirement), so the same command reproduces the same map anywhere.
+    ``history``: older archives whose old-module names that are gone by the new release
+    the map lists as ``earlier`` (reported when a user asks for the target release)."""
     old_path = fetch_archive(old_archive, cache)
     new_path = fetch_archive(new_archive, cache)
     old = read_archive_source(old_path, old_module)
@@ -503,9 +557,39 @@ def derive_from_wheels(
         new_old = read_archive_source(new_path, old_module)
     except MoveMapError:
         new_old = None  # the old module is gone from the new release
+
+    bindings_cache: dict[str, Bindings | None] = {}
+
+    top = old_module.split(".")[0]
+
+    def release_binds(module: str, name: str) -> bool:
+        if module.split(".")[0] != top:
+            return True  # another distribution's module: nothing to check it against
+        if module not in bindings_cache:
+            try:
+                bindings_cache[module] = scan(read_archive_source(new_path, module))
+            except MoveMapError:
+                bindings_cache[module] = None  # no such module in the new release
+        found = bindings_cache[module]
+        # a star import may bind anything: give the name the benefit of the doubt
+        return found is not None and (found.binds(name) or bool(found.star_imports))
+
     named = [a if not Path(a).is_file() else Path(a).name for a in (old_archive, new_archive)]
     command = ["--from-wheels", *named, *_module_args(old_module, new_module)]
-    return classify(old, new_old, new, _header(command, [("old", old), ("new", new_old), ("new", new)]))
+    earlier_sources = [read_archive_source(fetch_archive(h, cache), old_module) for h in history]
+    if history:
+        command += ["--history", *[h if not Path(h).is_file() else Path(h).name for h in history]]
+    header = _header(command, [("old", old), ("new", new_old), ("new", new)])
+    dist = new.origin.split(":")[0].split(" ")
+    if len(dist) == 2:
+        header["distribution"], header["target_version"] = dist
+    derived = classify(old, new_old, new, header, release_binds)
+    if earlier_sources:
+        still = scan(new) if new_old is None else _union(scan(new_old), scan(new))
+        derived = replace(
+            derived, earlier=earlier_names(earlier_sources, derived, still, new.origin.split(":")[0])
+        )
+    return derived
 
 
 # --------------------------------------------------------------------------- CLI
@@ -523,6 +607,10 @@ def _parser() -> argparse.ArgumentParser:
         help="read the module files out of two wheels; each a .whl path or a pin like sglang==0.5.17 "
         "(downloaded with pip into --wheel-cache)",
     )
+    parser.add_argument("--history", nargs="+", metavar="ARCHIVE",
+                        help="with --from-wheels: older releases (paths or pins); names their old module "
+                        "had that are gone by the new release are listed as 'earlier', reported when "
+                        "the codemod is told the target release")
     parser.add_argument("--new", nargs="+", metavar="FILE",
                         help="with --old: the new old-module file, then the new module's file")
     parser.add_argument("--old-module", metavar="M", help="dotted name of the module names moved out of")
@@ -559,6 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 old_module=args.old_module or SGLANG_OLD_MODULE,
                 new_module=args.new_module or SGLANG_NEW_MODULE,
                 cache=args.wheel_cache,
+                history=args.history or (),
             )
         else:
             if not args.new:

@@ -198,3 +198,16 @@ def alias_binding(alias: cst.ImportAlias) -> str | None:
     if isinstance(alias.name, cst.Name):
         return alias.name.value
     return None
+
+
+def has_comments(node: cst.ImportFrom, aliases: Sequence[cst.ImportAlias]) -> bool:
+    """Whether any of ``aliases`` has a comment after it or on a line above it in ``node``."""
+    names = list(node.names)
+    for alias in aliases:
+        pos = next((k for k, a in enumerate(names) if a is alias), None)
+        if pos is None:
+            continue
+        own = _own_comment(node, alias, pos == len(names) - 1)
+        if own.comment is not None or any(e.comment for e in _leading_lines(node, alias)):
+            return True
+    return False

@@ -182,9 +182,16 @@ def old_site_write(m: Migration, node, name: str, obj, refs, how: str) -> None:
         m.report.move(node, name, new, how)
         return
     if moved:
-        message = (f"{how} of {old}.{name}: the re-export still resolves, but code in "
-                   f"{new} looks {name!r} up there; patch {new}.{name} (and "
-                   f"{old}.{name} only for callers left in {old})")
+        # who reads the name where decides which patch reaches the code that calls it
+        lookers = move_map.looked_up_in.get(name, (new,))
+        if new not in lookers:
+            return  # callers look it up in the old module (or nowhere inside): still effective
+        if old in lookers:
+            message = (f"{how} of {old}.{name} reaches only the callers in {old}; code in {new} "
+                       f"looks {name!r} up there: patch {new}.{name} as well")
+        else:
+            message = (f"{how} of {old}.{name}: the re-export still resolves, but the code that "
+                       f"calls {name!r} now lives in {new} and looks it up there; patch {new}.{name}")
     else:
         message = (f"{how} of {old}.{name}: {old} no longer binds {name!r}; patch it "
                    f"where the code that uses it looks it up (probably {new})")

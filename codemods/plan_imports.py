@@ -13,7 +13,7 @@ from __future__ import annotations
 import libcst as cst
 
 from .collect import ImportSite
-from .imports import alias_binding, retarget, with_aliases
+from .imports import alias_binding, has_comments, new_from_import, retarget, with_aliases
 from .migration import Migration
 from .plan_rebound import plan_rebound
 from .resolve import dotted_name
@@ -130,6 +130,12 @@ def _split(m: Migration, site: ImportSite, moving: list[tuple[cst.ImportAlias, s
             _merge_into(m, target, groups[dest], node)
         else:
             statement = retarget(with_aliases(node, [(a, None) for a in groups[dest]]), dest, package)
+            if statement.lpar is not None and not has_comments(node, groups[dest]):
+                # a short split-off list without comments reads better on one line
+                flat = new_from_import(dest, [(a.name.value, alias_binding(a) if a.asname else None)
+                                              for a in groups[dest]], node, package)
+                if _width(flat) <= LINE_LENGTH:
+                    statement = flat
             _place(m, site, run, _wrapped(statement))
 
 

@@ -40,6 +40,9 @@ class Reporter:
         if statement is not None:
             self(node, "MMS010", name, f"{old} no longer binds {name!r}; it came from "
                  f"'{statement}', bind it the same way here", False)
+        elif name in self.map.earlier:
+            self(node, "MMS009", name, f"{name!r} is gone from {old}: {self.map.earlier[name]}; "
+                 "rewrite this use by hand", False)
         else:
             self(node, "MMS009", name, f"{name!r} was removed from {old} and has no "
                  "new home; rewrite this use by hand", False)

@@ -406,6 +406,7 @@ def _two_wheels(folder: Path) -> tuple[Path, Path]:
     new = _wheel(folder / "demo-2.0-py3-none-any.whl", "demo", "2.0", {
         "demo/core/util.py": "from .sched import f as f\ndef g(): ...\n",
         "demo/core/sched.py": "def f(): ...\nstate = None\ndef init():\n    global state\n    state = 1\n",
+        "demo/types.py": "class Item: ...\n",
     })
     return old, new
 
@@ -541,11 +542,103 @@ def test_shipped_sglang_map_is_exactly_what_derive_produces():
     rw = _realworld()
     old, new = rw.sglang_wheel("0.5.17"), rw.sglang_wheel("0.5.18")
     assert old.is_file() and new.is_file()
-    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", cache=rw.wheel_cache())
+    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=["sglang==0.4.6", "sglang==0.5.9"],
+                                  cache=rw.wheel_cache())
     shipped = load_map()
     assert m.to_json() == shipped.to_json()
+    # 0.5.18's own embed_mm_inputs (in mm_utils) calls get_embedding_and_mask through
+    # mm_utils' globals, so patching it there still reaches that caller
+    assert m.looked_up_in["get_embedding_and_mask"] == ("sglang.srt.managers.mm_utils",)
+    assert m.header["target_version"] == "0.5.18" and m.earlier
     # The facts the SGLang split is known for (reference, section 1.2/1.3).
     assert len(m.moved) == 20 and sum(v.private for v in m.moved.values()) == 14
     assert m.reexported == {"DataEmbeddingFunc", "get_embedding_and_mask", "init_mm_embedding_cache"}
     assert m.rebound_globals == {"embedding_cache"}
     assert m.import_origins["MultimodalDataItem"] == "sglang.srt.managers.schedule_batch"
+
+
+# --------------------------------------------------------------------------- releases far apart
+
+
+def _source(module: str, text: str, origin: str) -> derive.Source:
+    return derive.Source(module=module, text=textwrap.dedent(text), is_package=False, origin=origin)
+
+
+def test_names_that_moved_again_or_vanished_between_distant_releases_are_not_rewritten():
+    """Between non-adjacent releases a name the new module only imports has its home
+    where that import reads from, and an import-only name whose origin no longer has it
+    in the newer release is removed (a finding), not sent to a module that lacks it."""
+    old = _source(OLD, """
+        from pkg.items import Item, Gone
+        from pkg.helpers import helper
+        def f(): ...
+        def g(): ...
+        """, "pkg 1.0: old")
+    new = _source(NEW, """
+        from pkg.elsewhere import g
+        def f(): ...
+        """, "pkg 3.0: new")
+    newer_release = {("pkg.items", "Item"), ("pkg.helpers", "helper")}
+    m = derive.classify(old, _source(OLD, "x = 1\n", "pkg 3.0: old"), new, {},
+                        release_binds=lambda module, name: (module, name) in newer_release)
+    assert set(m.moved) == {"f"}
+    assert m.import_origins == {"g": "pkg.elsewhere", "Item": "pkg.items", "helper": "pkg.helpers"}
+    assert m.removed == {"Gone"}
+    # without the newer release to check against, the old origin is trusted
+    trusting = derive.classify(old, _source(OLD, "x = 1\n", "pkg 3.0: old"), new, {})
+    assert trusting.import_origins["Gone"] == "pkg.items"
+
+
+def test_reexported_names_record_where_they_are_looked_up(tmp_path):
+    m = _derive(
+        tmp_path,
+        old="def a(): ...\ndef b(): ...\ndef c(): ...\n",
+        new_old=f"from {NEW} import a, b, c\ndef caller():\n    return a()\n",
+        new="def a(): ...\ndef b(): ...\ndef c(): ...\ndef user():\n    return b()\n",
+    )
+    assert m.reexported == {"a", "b", "c"}
+    assert m.looked_up_in == {"a": (OLD,), "b": (NEW,), "c": ()}
+
+
+@pytest.mark.realworld
+@pytest.mark.parametrize("old_version", ["0.4.6", "0.5.9"])
+def test_maps_between_distant_sglang_releases_only_rewrite_to_homes_that_exist(old_version):
+    """Every rewrite target of a map from an old release straight to 0.5.18 is checked
+    against the 0.5.18 wheel itself; every name the old module bound that 0.5.18's
+    module no longer binds is accounted for (moved, sent to a checked origin, or reported)."""
+    import ast
+
+    rw = _realworld()
+    old_wheel, new_wheel = rw.sglang_wheel(old_version), rw.sglang_wheel("0.5.18")
+    m = derive.derive_from_wheels(str(old_wheel), str(new_wheel))
+
+    def top_level(module: str) -> set[str] | None:
+        try:
+            text = derive.read_archive_source(new_wheel, module).text
+        except MoveMapError:
+            return None
+        names = set()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.alias):
+                names.add(node.asname or node.name.split(".")[0])
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+                return None  # cannot tell
+        return names
+
+    new_module = top_level(derive.SGLANG_NEW_MODULE)
+    for name in m.moved:
+        assert name in new_module, f"{name} is claimed moved but 0.5.18's mm_schedule lacks it"
+    for name, origin in m.import_origins.items():
+        if origin.startswith("sglang."):
+            bound = top_level(origin)
+            assert bound is None or name in bound, f"{name} is sent to {origin}, which lacks it in 0.5.18"
+    before = derive.scan(derive.read_archive_source(old_wheel, derive.SGLANG_OLD_MODULE))
+    still = top_level(derive.SGLANG_OLD_MODULE)
+    accounted = set(m.moved) | set(m.import_origins) | set(m.removed) | set(m.unmapped_imports)
+    for name in set(before.defined) | set(before.imported):
+        if not name.startswith("__") and name not in still:
+            assert name in accounted, f"{name} vanished from mm_utils and the map says nothing"

@@ -78,11 +78,26 @@ def test_destination():
 @pytest.mark.parametrize(
     ("patch", "needle"),
     [
-        ({"moved": {"f": {"kind": "method", "private": False}}}, "kind 'method'"),
+        ({"moved": {"f": {"kind": "method", "private": False}}}, "moved name 'f'.*kind='method'"),
+        ({"moved": {"f": {"kind": "function", "private": "no"}}}, "moved name 'f'.*boolean 'private'"),
         ({"reexported": ["not_moved"]}, "not_moved"),
-        ({"import_origins": {"f": "x"}}, "both as moved and as import-only"),
-        ({"moved": {"f": {"kind": "function"}}}, "malformed"),
-        ({"moved": ["f"]}, "malformed"),
+        ({"import_origins": {"f": "x"}}, "both as moved and as import_origins: \\['f'\\]"),
+        ({"removed": ["f"]}, "both as moved and as removed"),
+        ({"moved": {"f": {"kind": "function"}}}, "moved\\['f'\\]: expected"),
+        ({"moved": ["f"]}, "moved: expected a dict, got list"),
+        ({"new_module": "o"}, "new_module is the same as old_module"),
+        ({"new_module": "pkg..mod"}, "new_module: 'pkg..mod' is not a dotted module name"),
+        ({"old_module": "pkg.mod-x"}, "old_module: 'pkg.mod-x' is not a dotted module name"),
+        ({"new_module": 3}, "new_module: expected a str, got int"),
+        ({"import_origins": {"g": "o"}}, "import_origins\\['g'\\] is the old module itself"),
+        ({"import_origins": {"g": "a b"}}, "import_origins\\['g'\\]: 'a b' is not a dotted"),
+        ({"removed": ["bad name"]}, "removed: 'bad name' is not a Python name"),
+        ({"removed": "f"}, "removed: expected a list, got str"),
+        ({"removed": ["g", "g"]}, "removed: lists an entry twice"),
+        ({"rebound_globals": [1]}, "rebound_globals: expected a list of strings"),
+        ({"unmapped_imports": {"np": 1}}, "unmapped_imports\\['np'\\]: expected a string"),
+        ({"surprise": 1}, "unknown keys \\['surprise'\\]"),
+        ({"looked_up_in": {"f": ["o"]}}, "looked_up_in lists names that are not re-exported"),
     ],
 )
 def test_invalid_maps_raise_typed_errors(patch, needle):
@@ -90,6 +105,25 @@ def test_invalid_maps_raise_typed_errors(patch, needle):
     with pytest.raises(MoveMapError, match=needle) as info:
         MoveMap.from_dict({**base, **patch})
     assert isinstance(info.value, ValueError)
+
+
+def test_duplicate_keys_in_a_map_file_are_refused(tmp_path):
+    path = tmp_path / "dup.json"
+    path.write_text('{"old_module": "o", "new_module": "n", "moved": {"f": {"kind": "function", '
+                    '"private": false}, "f": {"kind": "class", "private": false}}}')
+    with pytest.raises(MoveMapError, match=r"dup\.json: key 'f' appears twice"):
+        load_map(path)
+
+
+def test_target_version_reports_names_lost_before_the_maps_range():
+    data = {"old_module": "o", "new_module": "n", "moved": {}, "earlier": {"gone": "last in 0.4.6"},
+            "header": {"target_version": "0.5.18", "distribution": "sglang"}}
+    m = MoveMap.from_dict(data)
+    assert "gone" not in m.removed and "gone" not in m.interesting
+    targeted = m.for_target("0.5.18")
+    assert "gone" in targeted.removed and "gone" in targeted.interesting
+    with pytest.raises(MoveMapError, match=r"targets sglang 0\.5\.18, not 0\.5\.19"):
+        m.for_target("0.5.19")
 
 
 def test_missing_required_key():

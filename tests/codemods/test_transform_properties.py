@@ -40,7 +40,7 @@ def test_bytes_outside_edited_lines_are_preserved(move_map):
     ]
     assert after == ODD_FORMATTING.replace(
         "from sglang.srt.managers.mm_utils import (get_embedding_chunk ,\n        hash_feature)   # trailing\n",
-        "from sglang.srt.managers.mm_schedule import (get_embedding_chunk)\n"
+        "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
         "from sglang.srt.managers.mm_utils import (hash_feature)   # trailing\n",
     ).replace("\tfrom sglang.srt.managers.mm_utils", "\tfrom sglang.srt.managers.mm_schedule")
 

@@ -268,3 +268,57 @@ def test_doctests_and_string_annotations_naming_moved_names_are_flagged(check):
     assert [(f.line, f.code, f.symbol) for f in findings] == [
         (4, "MMS014", "PerImageRequestInfo"), (7, "MMS014", "get_embedding_chunk"),
     ]
+
+
+OLD = "sglang.srt.managers.mm_utils"
+NEW = "sglang.srt.managers.mm_schedule"
+
+
+PATCHES = """
+    from unittest import mock
+    from sglang.srt.managers import mm_utils
+    mock.patch("sglang.srt.managers.mm_utils.get_embedding_and_mask")
+    mock.patch.object(mm_utils, "init_mm_embedding_cache")
+    """
+
+
+@pytest.mark.parametrize(
+    ("looked_up_in", "expected"),
+    [
+        # the callers read the name through the old module: the old patch still reaches them
+        ({"get_embedding_and_mask": [OLD], "init_mm_embedding_cache": []}, []),
+        ({"get_embedding_and_mask": [OLD, NEW], "init_mm_embedding_cache": [NEW]},
+         [("get_embedding_and_mask", "as well"), ("init_mm_embedding_cache", f"patch {NEW}.init")]),
+    ],
+)
+def test_advice_on_patching_a_reexported_name_follows_where_it_is_looked_up(move_map, looked_up_in, expected):
+    from mm_schedule.codemods.move_map import MoveMap
+    from mm_schedule.codemods.transform import migrate_source
+
+    move_map = MoveMap.from_dict({**move_map.to_dict(), "looked_up_in": looked_up_in})
+    outcome = migrate_source(textwrap.dedent(PATCHES), move_map, path="t.py", package="app")
+    assert outcome.new_source is None
+    got = [(f.symbol, f.message) for f in outcome.findings]
+    assert [s for s, _ in got] == [s for s, _ in expected]
+    for (_, message), (_, needle) in zip(got, expected):
+        assert needle in message and all(f.code == "MMS005" and not f.fixed for f in outcome.findings)
+
+
+def test_patching_get_embedding_and_mask_in_mm_utils_is_still_effective_with_the_shipped_map():
+    """In SGLang 0.5.18 its caller, embed_mm_inputs, stayed in mm_utils and looks it up there."""
+    from mm_schedule.codemods.move_map import load_map
+    from mm_schedule.codemods.transform import migrate_source
+
+    source = 'from unittest import mock\nmock.patch("sglang.srt.managers.mm_utils.get_embedding_and_mask")\n'
+    outcome = migrate_source(source, load_map(), path="t.py", package="app")
+    assert outcome.new_source is None and outcome.findings == []
+
+
+def test_target_version_reports_names_gone_before_the_maps_range():
+    from mm_schedule.codemods.move_map import load_map
+    from mm_schedule.codemods.transform import migrate_source
+
+    source = "from sglang.srt.managers.mm_utils import get_embedding_chunk_remove_extra_padding\n"
+    assert migrate_source(source, load_map(), path="t.py").findings == []
+    findings = migrate_source(source, load_map(target_version="0.5.18"), path="t.py").findings
+    assert [f.code for f in findings] == ["MMS009"] and "0.5.9" in findings[0].message
