@@ -77,6 +77,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="apply the changes in place, atomically per file")
     parser.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
     parser.add_argument("--map", metavar="FILE", help="move map JSON (default: the shipped SGLang map)")
+    parser.add_argument("--target-version", metavar="VERSION",
+                        help="the release you move to (the map's own target); names the old "
+                             "module lost in earlier releases are reported as well")
     parser.add_argument("-j", "--jobs", type=int, default=None,
                         help="worker processes (default: CPU count)")
     parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
@@ -162,7 +165,7 @@ def _validate(args) -> tuple[MoveMap, str | None]:
     try:
         config = find_config(Path.cwd())
         map_path = args.map or config.map
-        return load_map(map_path), map_path
+        return load_map(map_path, target_version=args.target_version), map_path
     except (MoveMapError, ConfigError) as exc:
         raise UsageError(str(exc)) from exc
 

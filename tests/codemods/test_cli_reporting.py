@@ -28,10 +28,13 @@ def tree(tmp_path, monkeypatch):
     "map_text, message",
     [
         ("{not json", "is not valid JSON"),
-        ('{"old_module": "a.b"}', "malformed move map"),
+        ('{"old_module": "a.b"}', "missing required key"),
         ("[1, 2]", "expected a JSON object"),
+        ('{"old_module": "a.b", "new_module": "a.b", "moved": {}}',
+         "new_module is the same as old_module"),
+        ('{"old_module": "a.b-c", "new_module": "a.d", "moved": {}}', "not a dotted module name"),
     ],
-    ids=["not-json", "missing-keys", "not-an-object"],
+    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name"],
 )
 def test_a_malformed_map_is_refused_before_any_file_is_touched(tree, capsys, map_text, message):
     bad = tree.parent / "bad.json"
@@ -117,3 +120,20 @@ def test_a_tree_with_the_old_modules_own_file_is_warned_about_first(tree, map_fi
 def test_json_on_stdout_and_a_diff_together_are_refused(tree, map_file, capsys):
     assert cli.main(["--diff", ".", "--json", "-", "--map", str(map_file)]) == 3
     assert "--json - and --diff both write to stdout" in capsys.readouterr().err
+
+
+def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monkeypatch, capsys):
+    from mm_schedule.codemods.move_map import load_map
+
+    earlier = sorted(load_map().earlier)
+    assert earlier, "the shipped map records names lost in earlier releases"
+    target = load_map().header["target_version"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.py").write_text(f"from sglang.srt.managers.mm_utils import {earlier[0]}\n")
+    assert cli.main(["old.py"]) == 0  # not in the map's range: nothing to say
+    capsys.readouterr()
+    assert cli.main(["old.py", "--target-version", target]) == 1
+    out = capsys.readouterr().out
+    assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
+    assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
+    assert "this map targets" in capsys.readouterr().err
