@@ -11,7 +11,9 @@ noticed at once and never waited for.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -48,7 +50,7 @@ def _serve(conn, make_transform, close_fds) -> None:  # pragma: no cover - runs 
     # The parent decides what Ctrl-C means; a worker just stops when its pipe closes.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    import os
+    faulthandler.disable()  # a crash is reported by the parent, as one line for its file
 
     for fd in close_fds:
         try:
