@@ -90,7 +90,9 @@ def migrate_notebook(
         cells = notebook["cells"]
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
         raise NotebookError(f"not a readable notebook: {exc}") from exc
-    language = notebook.get("metadata", {}).get("language_info", {}).get("name", "python")
+    metadata = notebook.get("metadata") if isinstance(notebook, dict) else None
+    info = metadata.get("language_info") if isinstance(metadata, dict) else None
+    language = info.get("name", "python") if isinstance(info, dict) else "python"
     if language != "python" or not gate.mentions(source):
         return NotebookOutcome(None, [], [])
     magics: list[str] = []
@@ -111,8 +113,10 @@ def migrate_notebook(
     findings, numbers = [], []
     ordered = sorted(starts.items(), key=lambda item: item[1])
     for finding in outcome.findings:
-        index, first = max((c for c in ordered if c[1] <= finding.line), key=lambda c: c[1])
-        findings.append(replace(finding, line=finding.line - first + 1))
+        # A finding without a position of its own (line 1) belongs to the first cell.
+        index, first = max((c for c in ordered if c[1] <= finding.line),
+                           key=lambda c: c[1], default=ordered[0])
+        findings.append(replace(finding, line=max(1, finding.line - first + 1)))
         numbers.append(index + 1)
     if outcome.new_source is None:
         return NotebookOutcome(None, findings, numbers)
