@@ -252,7 +252,7 @@ def _main(args) -> int:
     report = RunReport(args.mode, {"old_module": move_map.old_module,
                                    "new_module": move_map.new_module,
                                    "source": map_path or "builtin"},
-                       results, len(found.files), len(files), problems, len(found.skipped))
+                       results, len(found.files), len(files), problems, found.skipped)
     return _finish(args, report)
 
 

@@ -63,7 +63,7 @@ class RunReport:
     scanned: int
     matched: int
     problems: list[tuple[str, str]]  # paths that could not even be looked at
-    skipped: int
+    skipped: list[tuple[str, str]]  # paths left out on purpose, with the reason
 
     @property
     def failed(self) -> list[FileResult]:
@@ -77,7 +77,7 @@ class RunReport:
             "files_scanned": self.scanned,
             "files_matched": self.matched,
             "prefiltered": self.scanned - self.matched,
-            "files_skipped": self.skipped,
+            "files_skipped": len(self.skipped),
             "files_changed": sum(1 for r in self.results if r.written),
             "files_would_change": sum(1 for r in self.results if r.changes and not r.written
                                       and not r.error),
@@ -123,6 +123,7 @@ class RunReport:
                                    if r.changes and not r.written and not r.error],
             "failed_files": [{"path": p, "error": m} for p, m in self.problems]
             + [{"path": r.shown, "error": r.error} for r in self.failed],
+            "skipped": [{"path": printable(p), "reason": why} for p, why in self.skipped],
             "findings": [d for r in self.results for d in r.finding_dicts()],
         }
         # ensure_ascii keeps undecodable file names (surrogate escapes) representable.

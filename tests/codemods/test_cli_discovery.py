@@ -75,6 +75,11 @@ def test_virtual_environments_are_recognised_by_pyvenv_cfg_not_by_name(tree, map
     }
     err = capsys.readouterr().err
     assert f"{tree / 'anything'}: skipped, virtual environment" in err
+    report = tree.parent / "r.json"
+    assert _main(".", "--json", report, map_file=map_file) == 0  # without -v too
+    skipped = json.loads(report.read_text())["skipped"]
+    assert {"path": str(tree / "anything"), "reason": "virtual environment"} in skipped
+    assert {"path": str(tree / "conda"), "reason": "virtual environment"} in skipped
 
 
 def test_excludes_from_pyproject_and_the_command_line(tree, map_file, capsys):
