@@ -141,10 +141,12 @@ def _on_sigterm():
 
 def _shown(path: Path) -> str:
     """Path as printed and as used in diffs: relative to the working folder if inside it."""
-    try:
-        return path.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+    for cwd in (Path.cwd().resolve(), Path.cwd()):
+        try:
+            return path.relative_to(cwd).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
 
 
 def _validate(args) -> tuple[MoveMap, str | None]:
@@ -271,6 +273,8 @@ def _discover(args) -> Discovery:
                          respect_gitignore=args.respect_gitignore)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+    found.skipped = [(_shown(Path(path).absolute()), why) for path, why in found.skipped]
+    found.problems = [(_shown(Path(path).absolute()), why) for path, why in found.problems]
     if args.verbose:
         for path, reason in found.skipped:
             print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
