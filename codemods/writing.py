@@ -16,8 +16,8 @@ How the new content goes in:
   under the same guard.
 * a file with several hard links, or whose owner, group or attributes cannot be
   copied (not root, a read-only folder): written in place, into the same inode,
-  so every link, the owner and the attributes stay. Only a kill inside that single
-  write call can leave such a file partly written.
+  so every link, the owner and the attributes stay. The guard holds the old content
+  during that write and writes it back if the run is killed before the write ended.
 
 Either way SIGINT and SIGTERM are held back while one file is replaced, so that
 Ctrl-C stops between two files.
@@ -30,6 +30,7 @@ import itertools
 import os
 import signal
 import stat
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,7 +85,7 @@ def replace(snapshot: Snapshot, data: bytes, guard: TempGuard | None = None) -> 
                 raise FileChanged(str(snapshot.path))
             if info.st_nlink == 1 and _replace_by_rename(snapshot, current, info, data, guard):
                 return
-        _write_in_place(snapshot, data)
+        _write_in_place(snapshot, data, guard)
 
 
 def _unchanged(snapshot: Snapshot) -> bool:
@@ -204,24 +205,40 @@ def _copy_metadata(source_fd: int, target_fd: int, info: os.stat_result) -> None
             raise PermissionError(exc.errno, f"cannot keep attribute {name}") from exc
 
 
-def _write_in_place(snapshot: Snapshot, data: bytes) -> None:
+def _write_in_place(snapshot: Snapshot, data: bytes, guard: TempGuard | None) -> None:
+    """Rewrite the file's own inode. The guard holds the old content meanwhile and puts
+    it back if the run is killed before the write ended; a failed write puts it back
+    here."""
     fd = os.open(snapshot.path, os.O_RDWR)
     try:
         with open(fd, "rb", closefd=False) as handle:
             if handle.read() != snapshot.data:
                 raise FileChanged(str(snapshot.path))
-        if len(data) > len(snapshot.data) and hasattr(os, "posix_fallocate"):
-            try:  # reserve the space first: a full disk then fails before any byte changes
-                os.posix_fallocate(fd, 0, len(data))
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-                    raise
-        os.lseek(fd, 0, os.SEEK_SET)
-        _write_all(fd, data)
-        os.ftruncate(fd, len(data))
-        os.fsync(fd)
+        if guard:
+            guard.writing(snapshot.path, snapshot.data)
+        try:
+            _overwrite(fd, data, reserve=len(data) > len(snapshot.data))
+        except OSError:
+            _overwrite(fd, snapshot.data, reserve=False)
+            raise
+        finally:
+            if guard:
+                guard.written(snapshot.path)
     finally:
         os.close(fd)
+
+
+def _overwrite(fd: int, data: bytes, *, reserve: bool) -> None:
+    if reserve and hasattr(os, "posix_fallocate"):
+        try:  # reserve the space first: a full disk then fails before any byte changes
+            os.posix_fallocate(fd, 0, len(data))
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    os.lseek(fd, 0, os.SEEK_SET)
+    _write_all(fd, data)
+    os.ftruncate(fd, len(data))
+    os.fsync(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -231,9 +248,11 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class TempGuard:
-    """A small process that outlives a killed run by a moment: it is told each
-    temporary name before the name exists and after it is gone, and when the run's
-    end of the pipe closes (normal end or SIGKILL) it removes any name still listed."""
+    """A small process that outlives a killed run by a moment. It is told each temporary
+    name before the name exists and after it is gone, and the old content of each file
+    being written in place before the write starts and after it ended. When the run's end
+    of the pipe closes (normal end, or SIGKILL) it removes every name still listed and
+    puts back the old content of every in-place write still listed."""
 
     @classmethod
     def start(cls) -> TempGuard | None:
@@ -249,17 +268,30 @@ class TempGuard:
             _guard_loop(read_end)
         os.close(read_end)
 
+    def _send(self, op: bytes, path: Path, data: bytes = b"") -> None:
+        name = os.fsencode(path)
+        _write_all(self.fd, op + _HEADER.pack(len(name), len(data)) + name + data)
+
     def pending(self, path: Path) -> None:
-        os.write(self.fd, b"+" + os.fsencode(path) + b"\0")
+        self._send(b"+", path)
 
     def done(self, path: Path) -> None:
-        os.write(self.fd, b"-" + os.fsencode(path) + b"\0")
+        self._send(b"-", path)
+
+    def writing(self, path: Path, old: bytes) -> None:
+        self._send(b"=", path, old)
+
+    def written(self, path: Path) -> None:
+        self._send(b".", path)
 
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
             os.waitpid(self.pid, 0)
+
+
+_HEADER = struct.Struct("<IQ")  # name length, data length
 
 
 def _guard_loop(read_end: int) -> None:  # pragma: no cover - runs in the child
@@ -269,19 +301,45 @@ def _guard_loop(read_end: int) -> None:  # pragma: no cover - runs in the child
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.closerange(3, read_end)  # hold no other pipe open (workers watch theirs for EOF)
         os.closerange(read_end + 1, 1 << 16)
-        pending: set[bytes] = set()
-        buffer = b""
+        names: set[bytes] = set()
+        restore: dict[bytes, bytes] = {}
+        buffer = bytearray()
         while True:
-            chunk = os.read(read_end, 65536)
+            chunk = os.read(read_end, 1 << 20)
             if not chunk:
                 break
             buffer += chunk
-            *messages, buffer = buffer.split(b"\0")
-            for message in messages:
-                (pending.add if message[:1] == b"+" else pending.discard)(message[1:])
-        for name in pending:
+            while len(buffer) >= 1 + _HEADER.size:
+                name_len, data_len = _HEADER.unpack_from(buffer, 1)
+                end = 1 + _HEADER.size + name_len + data_len
+                if len(buffer) < end:
+                    break
+                op = buffer[:1]
+                name = bytes(buffer[1 + _HEADER.size : 1 + _HEADER.size + name_len])
+                data = bytes(buffer[1 + _HEADER.size + name_len : end])
+                del buffer[:end]
+                if op == b"+":
+                    names.add(name)
+                elif op == b"-":
+                    names.discard(name)
+                elif op == b"=":
+                    restore[name] = data
+                else:
+                    restore.pop(name, None)
+        for name in names:
             try:
                 os.unlink(name)
+            except OSError:
+                pass
+        for name, old in restore.items():
+            try:
+                fd = os.open(name, os.O_WRONLY)
+                try:
+                    _write_all(fd, old)
+                    os.ftruncate(fd, len(old))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             except OSError:
                 pass
     finally:

@@ -52,9 +52,13 @@ def test_a_file_that_crashes_the_parser_fails_alone(tree, map_file, jobs):
     assert "6 changed" in proc.stderr and "2 failed" in proc.stderr
 
 
-def _start_big_run(tree, map_file, count, *args):
+def _start_big_run(tree, map_file, count, *args, link_into=None):
     for i in range(count):
         (tree / f"m{i:03d}.py").write_text(IMPORT + f"X{i} = {i}\n" * 40)
+    if link_into is not None:
+        link_into.mkdir()
+        for i in range(count):
+            os.link(tree / f"m{i:03d}.py", link_into / f"m{i:03d}.py")
     proc = subprocess.Popen(_command(map_file, "--write", ".", *args), cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
@@ -91,21 +95,30 @@ def test_one_signal_stops_the_run_with_every_file_old_or_new(tree, map_file, sig
     assert b"every file is either as it was or fully migrated" in err
 
 
-def test_sigkill_in_the_middle_leaves_no_temporary_file(tree, map_file):
+@pytest.mark.parametrize("hard_links", [False, True], ids=["renamed", "in-place"])
+def test_sigkill_in_the_middle_leaves_no_temporary_file(tree, map_file, hard_links):
     count = 300
-    proc = _start_big_run(tree, map_file, count, "-j", "1")
+    # With a second name outside the tree, each file is rewritten in its own inode.
+    others = tree.parent / "others" if hard_links else None
+    proc = _start_big_run(tree, map_file, count, "-j", "1", link_into=others)
     proc.kill()  # SIGKILL to the run alone; nothing of it can clean up
     proc.communicate(timeout=60)
     expected = [f"m{i:03d}.py" for i in range(count)]
-    # The guard process removes a temporary name left between link and rename as soon
-    # as the run's pipe closes; give it a moment to do so.
+    # The guard process removes a temporary name left between link and rename, and puts
+    # back a file whose in-place write was cut short, as soon as the run's pipe closes;
+    # give it a moment to do so.
     for _ in range(200):
-        if sorted(p.name for p in tree.iterdir()) == expected:
-            break
+        try:
+            if sorted(p.name for p in tree.iterdir()) == expected and _states(tree, count):
+                break
+        except AssertionError:
+            pass
         time.sleep(0.01)
     assert sorted(p.name for p in tree.iterdir()) == expected
     old, new = _states(tree, count)
     assert new >= 1 and old >= 1
+    if hard_links:
+        assert all((tree / name).stat().st_nlink == 2 for name in expected)
 
 
 def test_the_guard_removes_a_temporary_name_when_the_run_is_killed_between_link_and_rename(
@@ -133,3 +146,41 @@ def test_the_guard_removes_a_temporary_name_when_the_run_is_killed_between_link_
             break
         time.sleep(0.01)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_guard_puts_back_a_file_whose_in_place_write_a_kill_interrupted(tmp_path):
+    """A hard-linked file is rewritten in its own inode; killed halfway through that
+    write, the run leaves the old content, not a mix."""
+    target = tmp_path / "linked.py"
+    target.write_bytes(b"old content\n" * 1000)
+    os.link(target, tmp_path / "other_name.py")
+    finished = tmp_path / "finished.py"
+    finished.write_bytes(b"old\n")
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from mm_schedule.codemods.writing import TempGuard\n"
+        "target, finished = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "guard = TempGuard.start()\n"
+        "guard.writing(finished, finished.read_bytes())\n"
+        "finished.write_bytes(b'new\\n')\n"
+        "guard.written(finished)\n"
+        "guard.writing(target, target.read_bytes())\n"
+        "with open(target, 'r+b') as f:\n"
+        "    f.write(b'NEW' * 10)\n"  # half written
+        "print('halfway', flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target), str(finished)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "halfway\n"
+    assert target.read_bytes().startswith(b"NEW")
+    proc.kill()
+    proc.wait(timeout=60)
+    for _ in range(500):
+        if target.read_bytes() == b"old content\n" * 1000:
+            break
+        time.sleep(0.01)
+    assert target.read_bytes() == b"old content\n" * 1000
+    assert (tmp_path / "other_name.py").read_bytes() == b"old content\n" * 1000
+    assert finished.read_bytes() == b"new\n"  # a write that ended is kept
