@@ -62,9 +62,10 @@ def _start_big_run(tree, map_file, count, *args, link_into=None):
     proc = subprocess.Popen(_command(map_file, "--write", ".", *args), cwd=tree,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
-    # Wait until the run is writing: the first migrated file appears.
+    # Wait until the run is writing: two migrated files appear (so that one write has
+    # certainly ended; a write caught before its end is undone, which is right too).
     deadline = time.monotonic() + 60
-    while not any((tree / f"m{i:03d}.py").read_text().startswith(MOVED) for i in range(count)):
+    while sum((tree / f"m{i:03d}.py").read_text().startswith(MOVED) for i in range(count)) < 2:
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "the run never wrote a file"
         time.sleep(0.005)
