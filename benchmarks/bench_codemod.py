@@ -229,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join(lines) + "\n"
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        # keep the sections other scripts write (large file, downstream repositories)
+        old = args.out.read_text() if args.out.exists() else ""
+        others = old[old.find("\n## ") + 1:] if "\n## " in old else ""
+        args.out.write_text(text + ("\n" + others if others else ""))
     print(text)
     return 0 if check["wall"] is not None and check["wall"] <= TARGET_S else 1
 

@@ -97,11 +97,9 @@ def _add_binding(m: Migration, site: ImportSite, dest: str, dotted_style: bool) 
     parent, base = parent_and_base(dest)
     node = site.node
     if dotted_style:
-        edits.bindings_after.setdefault(node, []).append(
-            cst.Import(names=[cst.ImportAlias(name=dotted_expr(dest))])
-        )
+        _add_statement(m, site, cst.Import(names=[cst.ImportAlias(name=dotted_expr(dest))]))
         return dest
-    name = free_name(m, base)
+    name = free_name(m, _alias_like(m, site, base))
     edits.fresh_names.add(name)
     current = edits.current(node)
     if (
@@ -118,10 +116,44 @@ def _add_binding(m: Migration, site: ImportSite, dest: str, dotted_style: bool) 
             current, [(a, None) for a in current.names] + [(alias, holder)]
         )
         return name
-    edits.bindings_after.setdefault(node, []).append(
-        module_binding_import(dest, name, current, m.facts.package)
-    )
+    _add_statement(m, site, module_binding_import(dest, name, current, m.facts.package))
     return name
+
+
+def _statement_key(statement: cst.CSTNode) -> str:
+    if isinstance(statement, cst.Import):
+        return (dotted_name(statement.names[0].name) or "").lower()
+    if isinstance(statement, cst.ImportFrom):
+        return ("." * len(statement.relative) + (dotted_name(statement.module) or "")).lower()
+    return ""
+
+
+def _add_statement(m: Migration, site: ImportSite, statement: cst.BaseSmallStatement) -> None:
+    """``statement`` next to ``site``: before it when import sorting puts it first (and
+    the import has a line of its own), else after it."""
+    edits = m.edits
+    current = edits.current(site.node)
+    own_line = isinstance(site.line, cst.SimpleStatementLine) and len(site.line.body) == 1
+    if own_line and type(statement) is type(current) and _statement_key(statement) < _statement_key(current):
+        edits.placed_before.setdefault(site.node, []).append(statement)
+    else:
+        edits.bindings_after.setdefault(site.node, []).append(statement)
+
+
+def _alias_like(m: Migration, site: ImportSite, base: str) -> str:
+    """The name for a new binding of module ``base``: the user's alias for the old module
+    with the old base name swapped (``mm_utils_mod`` -> ``mm_schedule_mod``), so both
+    read alike; the plain base name otherwise."""
+    old_parent, old_base = parent_and_base(m.facts.old)
+    for alias in site.node.names if not isinstance(site.node.names, cst.ImportStar) else ():
+        bound = alias_binding(alias)
+        if alias.asname is None or not bound or old_base not in bound or bound == old_base:
+            continue
+        binds_old = (dotted_name(alias.name) == m.facts.old if isinstance(site.node, cst.Import)
+                     else site.module == old_parent and dotted_name(alias.name) == old_base)
+        if binds_old:
+            return bound.replace(old_base, base)
+    return base
 
 
 def _assignment_module(m: Migration, assignment) -> str | None:

@@ -158,7 +158,7 @@ def prune_unused_module_bindings(m: Migration) -> None:
                 else node.with_changes(names=[*keep[:-1], keep[-1].with_changes(
                     comma=cst.MaybeSentinel.DEFAULT)])
             )
-        elif site.node in edits.bindings_after or site.node in edits.split_off:
+        elif site.node in edits.bindings_after or site.node in edits.split_off or site.node in edits.placed_before:
             edits.deleted.add(site.node)
 
 

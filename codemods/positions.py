@@ -7,11 +7,15 @@ pass notes where those start.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import libcst as cst
 from libcst._nodes.internal import CodegenState  # stable since libcst 0.3; not re-exported
+
+# the line breaks Python (and libcst) count: a lone CR ends a line as well
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=False)
@@ -42,10 +46,10 @@ def start_positions(module: cst.Module, nodes: Iterable[cst.CSTNode]) -> dict:
     for node, index in order:
         while consumed < index:
             token = tokens[consumed]
-            newlines = token.count("\n")
-            if newlines:
-                line += newlines
-                column = len(token) - token.rfind("\n") - 1
+            breaks = _LINE_BREAK.findall(token) if ("\n" in token or "\r" in token) else ()
+            if breaks:
+                line += len(breaks)
+                column = len(token) - max(token.rfind("\n"), token.rfind("\r")) - 1
             else:
                 column += len(token)
             consumed += 1

@@ -10,6 +10,10 @@ found in one visit, lazily the scope analysis), the edits planned so far
 (``edits.Edits``) and the findings (``report.Reporter``). Rules are plain functions
 of the migration, one module per concern, run in the order of ``RULES``; then
 ``apply.Apply`` swaps the planned nodes, so bytes outside edited lines stay as they were.
+
+Files above ``SEGMENT_ABOVE`` bytes first go through ``segments.reduce``: the top-level
+statements that mention none of the map's names are set aside, so libcst only parses
+what can matter; the result is the same as the whole-file pass.
 """
 
 from __future__ import annotations

@@ -247,8 +247,8 @@ def test_rebound_global_from_import_becomes_module_attribute_access(check):
             return embedding_cache.get(key)
         """,
         """
-        from sglang.srt.managers.mm_utils import hash_feature
         from sglang.srt.managers import mm_schedule
+        from sglang.srt.managers.mm_utils import hash_feature
 
 
         def lookup(key):

@@ -57,8 +57,8 @@ def test_new_binding_alias_avoids_names_in_use(check):
         mmu.hash_feature(mmu.get_embedding_chunk)
         """,
         """
-        import sglang.srt.managers.mm_utils as mmu
         import sglang.srt.managers.mm_schedule as mm_schedule_1
+        import sglang.srt.managers.mm_utils as mmu
         mm_schedule = "taken"
         mmu.hash_feature(mm_schedule_1.get_embedding_chunk)
         """,
@@ -72,8 +72,8 @@ def test_dotted_import_uses_are_rewritten_dotted(check):
         sglang.srt.managers.mm_utils.hash_feature(sglang.srt.managers.mm_utils._is_hip)
         """,
         """
-        import sglang.srt.managers.mm_utils
         import sglang.srt.managers.mm_schedule
+        import sglang.srt.managers.mm_utils
         sglang.srt.managers.mm_utils.hash_feature(sglang.srt.managers.mm_schedule._is_hip)
         """,
     )

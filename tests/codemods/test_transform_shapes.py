@@ -103,6 +103,12 @@ SORTED_BLOCKS = [
 
     print(PerImageRequestInfo, init_mm_embedding_cache, _is_hip, get_embedding_chunk, hash_feature)
     """,
+    # a module binding added for the new module sorts before the old one
+    """
+    import sglang.srt.managers.mm_utils as mm_utils_mod
+
+    print(mm_utils_mod.get_embedding_chunk, mm_utils_mod.hash_feature)
+    """,
     # a long list stays wrapped
     """
     from sglang.srt.managers.mm_utils import (
@@ -322,3 +328,38 @@ def test_target_version_reports_names_gone_before_the_maps_range():
     assert migrate_source(source, load_map(), path="t.py").findings == []
     findings = migrate_source(source, load_map(target_version="0.5.18"), path="t.py").findings
     assert [f.code for f in findings] == ["MMS009"] and "0.5.9" in findings[0].message
+
+
+def test_a_module_alias_for_the_new_module_reads_like_the_users_alias(check):
+    """The binding added for the new module mirrors the user's alias, and every later use
+    in the block reuses that one binding."""
+    check(
+        """
+        import sglang.srt.managers.mm_utils as mm_utils_mod
+        from sglang.srt.managers import mm_utils as _mm_utils
+        x = mm_utils_mod.get_embedding_chunk, mm_utils_mod.hash_feature
+        y = _mm_utils._is_hip, _mm_utils.hash_feature
+        """,
+        """
+        import sglang.srt.managers.mm_schedule as mm_schedule_mod
+        import sglang.srt.managers.mm_utils as mm_utils_mod
+        from sglang.srt.managers import mm_utils as _mm_utils
+        x = mm_schedule_mod.get_embedding_chunk, mm_utils_mod.hash_feature
+        y = mm_schedule_mod._is_hip, _mm_utils.hash_feature
+        """,
+        codes=["MMS001", "MMS002"],
+    )
+
+
+def test_from_import_alias_of_the_old_module_gets_a_matching_alias(check):
+    check(
+        """
+        from sglang.srt.managers import mm_utils as _mm_utils
+        y = _mm_utils._is_hip, _mm_utils.hash_feature
+        """,
+        """
+        from sglang.srt.managers import mm_utils as _mm_utils, mm_schedule as _mm_schedule
+        y = _mm_schedule._is_hip, _mm_utils.hash_feature
+        """,
+        codes=["MMS002"],
+    )
