@@ -265,6 +265,8 @@ def _discover(args) -> Discovery:
         key = path.absolute()
         if key not in configs:
             configs[key] = find_config(key)
+            if args.verbose and configs[key].source is not None:
+                print(printable(f"{path}: settings from {configs[key].source}"), file=sys.stderr)
         return configs[key]
 
     try:

@@ -94,6 +94,7 @@ def test_excludes_from_pyproject_and_the_command_line(tree, map_file, capsys):
         "pkg/x_pb2.py": False, "keep.py": True,
     }
     err = capsys.readouterr().err
+    assert f".: settings from {tree / 'pyproject.toml'}" in err
     assert "matches exclude pattern 'pkg/legacy/*.py'" in err
     assert "matches exclude pattern '*_pb2.py'" in err
 
