@@ -185,3 +185,17 @@ def test_the_guard_puts_back_a_file_whose_in_place_write_a_kill_interrupted(tmp_
     assert target.read_bytes() == b"old content\n" * 1000
     assert (tmp_path / "other_name.py").read_bytes() == b"old content\n" * 1000
     assert finished.read_bytes() == b"new\n"  # a write that ended is kept
+
+
+def test_a_file_saved_by_the_user_during_the_run_keeps_the_edit(tree, map_file):
+    """No hook: the user appends to the last file while the run is writing the first ones
+    (after the run read it, before it writes it)."""
+    count = 60
+    proc = _start_big_run(tree, map_file, count, "-j", "1")
+    last = tree / f"m{count - 1:03d}.py"
+    with open(last, "a") as handle:
+        handle.write("USER_EDIT = 1\n")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    assert last.read_text() == MOVED + f"X{count - 1} = {count - 1}\n" * 40 + "USER_EDIT = 1\n"
+    assert _states(tree, count - 1) == (0, count - 1)
