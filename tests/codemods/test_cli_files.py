@@ -214,10 +214,10 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
     monkeypatch.setattr(cli, "migrate_source", hangs_on_slow)
     (tree / "slow.py").write_bytes(MOVING)
     (tree / "fast.py").write_bytes(MOVING)
-    assert _main("--write", ".", "--timeout", "1", map_file=map_file) == 2
+    assert _main("--write", ".", "--timeout", "2", map_file=map_file) == 2
     assert (tree / "slow.py").read_bytes() == MOVING
     assert (tree / "fast.py").read_bytes() == MOVED
-    assert "slow.py: took longer than 1 s; file left as is" in capsys.readouterr().err
+    assert "slow.py: took longer than 2 s; file left as is" in capsys.readouterr().err
 
 
 def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch):
