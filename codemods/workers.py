@@ -47,11 +47,10 @@ Transform = Callable[[Task], Outcome]
 
 
 def _serve(conn, make_transform, close_fds) -> None:  # pragma: no cover - runs in a worker
-    # The parent decides what Ctrl-C means; a worker just stops when its pipe closes.
+    # The parent decides what Ctrl-C means and stops its workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     faulthandler.disable()  # a crash is reported by the parent, as one line for its file
-
     for fd in close_fds:
         try:
             os.close(fd)
