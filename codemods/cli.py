@@ -1,104 +1,200 @@
 """``mm-schedule-codemod``: migrate code across a module split (and ``derive`` a map).
 
-Exit status: 0 nothing left to do; 1 changes or findings remain (``--check``,
-``--diff``) or findings that need a person remain (``--write``); 2 some files could
-not be parsed or written (they are listed; every other file is still processed).
+Exit status:
+  0    nothing left to do
+  1    changes or findings remain (``--check``, ``--diff``), or findings that need a
+       person remain (``--write``)
+  2    some paths could not be processed: unparsable, crashed the parser, unreadable,
+       unwritable, changed during the run, missing; they are listed and every other
+       file is still processed
+  3    the run could not start (bad option, malformed move map or configuration,
+       unwritable ``--json`` path); nothing was read or written
+  130  interrupted (Ctrl-C), 143 terminated (SIGTERM): each file is old or new
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
-import io
-import json
-import multiprocessing
 import os
+import signal
 import sys
-import tempfile
 import time
-import tokenize
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import libcst as cst
 
-from .files import discover
-from .findings import RULES, Finding
+from ..errors import MoveMapError
+from .config import Config, ConfigError, find_config
+from .diffs import unified_diff
+from .discovery import Discovery, discover
+from .fidelity import at_risk, keep_untouched_lines
 from .move_map import MoveMap, load_map
+from .notebooks import NotebookError, migrate_notebook
 from .relevance import Gate
+from .reporting import FileResult, RunReport, printable
 from .resolve import package_for
-from .transform import migrate_source
+from .transform import fork_warnings, migrate_source
+from .workers import Outcome, Task, WorkerPool
+from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
 
-_CHUNK = 4
-
-
-@dataclass
-class FileReport:
-    path: Path
-    old: bytes | None = None  # set only when the file changes
-    new: bytes | None = None
-    encoding: str = "utf-8"
-    findings: list[Finding] = field(default_factory=list)
-    error: str | None = None
+EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+_RETRIES = 1  # times a file edited during the run is read and migrated again
 
 
-# --- worker side -----------------------------------------------------------------------
-_WORKER: dict = {}
+class UsageError(Exception):
+    """The command line or its inputs are wrong; nothing has been touched."""
 
 
-def _init_worker(move_map: MoveMap) -> None:
-    _WORKER["map"] = move_map
-    _WORKER["gate"] = Gate.for_map(move_map)
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so the run stops between two files."""
 
 
-def _process(item: tuple[str, str, str]) -> FileReport:
-    path_str, root, shown = item
-    path = Path(path_str)
-    report = FileReport(path=path)
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="mm-schedule-codemod",
+        description=(
+            "Migrate code across a module split (default: SGLang's "
+            "sglang.srt.managers.mm_utils -> mm_schedule). "
+            "'mm-schedule-codemod derive --help' builds a move map from two source versions."
+        ),
+    )
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to process")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--check", dest="mode", action="store_const", const="check",
+                      help="write nothing; exit 1 if changes or findings remain (default)")
+    mode.add_argument("--diff", dest="mode", action="store_const", const="diff",
+                      help="print a unified diff (git apply and patch -p1 accept it); exit as --check")
+    mode.add_argument("--write", dest="mode", action="store_const", const="write",
+                      help="apply the changes in place, atomically per file")
+    parser.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
+    parser.add_argument("--map", metavar="FILE", help="move map JSON (default: the shipped SGLang map)")
+    parser.add_argument("--target-version", metavar="VERSION",
+                        help="the release you move to (the map's own target); names the old "
+                             "module lost in earlier releases are reported as well")
+    parser.add_argument("-j", "--jobs", type=int, default=None,
+                        help="worker processes (default: CPU count)")
+    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="give up on a file after this long (default 300)")
+    parser.add_argument("--exclude", metavar="PATTERN", action="append", default=None,
+                        help="files or folders to leave out, replacing the built-in list "
+                             "(repeatable)")
+    parser.add_argument("--extend-exclude", metavar="PATTERN", action="append", default=[],
+                        help="more files or folders to leave out (repeatable)")
+    parser.add_argument("--force-exclude", action="store_true", default=None,
+                        help="apply the excludes to files named on the command line too")
+    parser.add_argument("--no-respect-gitignore", dest="respect_gitignore",
+                        action="store_false", default=None, help="do not read .gitignore files")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="also list what was skipped and why")
+    parser.set_defaults(mode="check")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "derive":
+        from .derive import main as derive_main
+
+        return derive_main(argv[1:])
     try:
-        source = path.read_bytes()
-    except OSError as exc:
-        report.error = f"cannot read: {exc.strerror or exc}"
-        return report
-    gate: Gate = _WORKER["gate"]
-    if not gate.mentions(source):
-        return report
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    previous = _on_sigterm()
     try:
-        outcome = migrate_source(
-            source, _WORKER["map"], path=shown, package=package_for(path, root), gate=gate
-        )
-    except cst.ParserSyntaxError as exc:
-        report.error = f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: {exc.message}"
-        return report
-    except (UnicodeDecodeError, SyntaxError) as exc:
-        report.error = f"cannot parse: {exc}"
-        return report
-    except Exception as exc:  # a bug of ours must not stop the run over other files
-        report.error = f"internal error ({type(exc).__name__}: {exc}); file left as is"
-        return report
-    report.findings = outcome.findings
-    if outcome.new_source is not None:
-        report.old, report.new = source, outcome.new_source
-        report.encoding = _encoding_of(source)
-    return report
+        return _main(args)
+    except UsageError as exc:
+        print(printable(f"mm-schedule-codemod: {exc}"), file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mm-schedule-codemod: interrupted; every file is either as it was or fully "
+              "migrated", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except _Terminated:
+        print("mm-schedule-codemod: terminated; every file is either as it was or fully "
+              "migrated", file=sys.stderr)
+        return EXIT_TERMINATED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
-def _encoding_of(source: bytes) -> str:
-    """The encoding Python reads ``source`` with (coding cookie or BOM, else UTF-8)."""
+def _on_sigterm():
+    def stop(signum, frame):
+        raise _Terminated
+
     try:
-        return tokenize.detect_encoding(io.BytesIO(source).readline)[0]
-    except SyntaxError:
-        return "utf-8"
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
 
 
-# --- parent side -----------------------------------------------------------------------
 def _shown(path: Path) -> str:
     """Path as printed and as used in diffs: relative to the working folder if inside it."""
+    for cwd in (Path.cwd().resolve(), Path.cwd()):
+        try:
+            return path.relative_to(cwd).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
+
+
+def _validate(args) -> tuple[MoveMap, str | None]:
+    """Everything that can be wrong before a file is read; raises UsageError."""
+    if "" in args.paths:
+        raise UsageError("empty path argument (use '.' for the current folder)")
+    if args.json == "-" and args.mode == "diff":
+        raise UsageError("--json - and --diff both write to stdout; give --json a file")
+    if args.json and args.json != "-":
+        target = Path(args.json)
+        if target.is_dir():
+            raise UsageError(f"--json {args.json}: is a folder")
+        parent = target.absolute().parent
+        if not parent.is_dir():
+            raise UsageError(f"--json {args.json}: folder {parent} does not exist")
+        if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise UsageError(f"--json {args.json}: not writable")
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
+        config = find_config(Path.cwd())
+        map_path = args.map or config.map
+        return load_map(map_path, target_version=args.target_version), map_path
+    except (MoveMapError, ConfigError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _make_transform(move_map: MoveMap):
+    """The function each worker applies (built in the worker, never pickled)."""
+    gate = Gate.for_map(move_map)
+
+    def transform(task: Task) -> Outcome:
+        try:
+            if task.notebook:
+                done = migrate_notebook(task.source, move_map, path=task.shown,
+                                        package=task.package, gate=gate)
+                return Outcome(done.new_source, done.findings, done.cells, done.note)
+            done = migrate_source(task.source, move_map, path=task.shown,
+                                  package=task.package, gate=gate)
+            new_source = done.new_source
+            if new_source is not None and at_risk(task.source):
+                new_source = keep_untouched_lines(task.source, new_source)
+            return Outcome(new_source, done.findings)
+        except cst.ParserSyntaxError as exc:
+            return Outcome(error=f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
+                                 f"{exc.message}; file left as is")
+        except (UnicodeDecodeError, SyntaxError, NotebookError) as exc:
+            return Outcome(error=f"cannot parse: {exc}; file left as is")
+
+    return transform
 
 
 class _Progress:
@@ -122,216 +218,206 @@ class _Progress:
         sys.stderr.flush()
 
 
-def _run(items: list[tuple[str, str, str]], move_map: MoveMap, jobs: int):
-    progress = _Progress(len(items))
-    if jobs <= 1 or len(items) <= _CHUNK * 2:
-        _init_worker(move_map)
-        for done, item in enumerate(items, 1):
-            yield _process(item)
-            progress.update(done)
-        return
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(jobs, initializer=_init_worker, initargs=(move_map,)) as pool:
-        for done, report in enumerate(pool.imap_unordered(_process, items, chunksize=_CHUNK), 1):
-            yield report
-            progress.update(done)
+@dataclass
+class _File:
+    """One file on its way through the run."""
+
+    result: FileResult
+    snapshot: Snapshot  # the content being migrated
+    package: str | None
+    notebook: bool
+    retries: int = 0
+
+    def task(self, key: int) -> Task:
+        return Task(key, self.result.shown, self.package, self.snapshot.data, self.notebook)
+
+    def take(self, outcome: Outcome) -> None:
+        result = self.result
+        result.findings, result.cells, result.error = outcome.findings, outcome.cells, outcome.error
+        result.old, result.new = (None, None) if outcome.new_source is None else (
+            self.snapshot.data, outcome.new_source)
 
 
-def unified_diff(old: str, new: str, shown: str) -> str:
-    """A patch ``git apply`` accepts (a/ b/ prefixes, explicit no-newline markers)."""
-    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    out = []
-    for line in difflib.unified_diff(a, b, f"a/{shown}", f"b/{shown}"):
-        if line.startswith(("---", "+++")):
-            out.append(line.rstrip("\n") + "\n")
-        elif line.endswith("\n"):
-            out.append(line)
+def _main(args) -> int:
+    move_map, map_path = _validate(args)
+    found = _discover(args)
+    files, problems = _read(args, found, Gate.for_map(move_map))
+    forks = _fork_notices(found, move_map)
+    _migrate(args, move_map, files)
+    by_path = {f.result.shown: f.result for f in files}
+    for notice in forks:
+        if notice.shown in by_path:
+            by_path[notice.shown].findings[:0] = notice.findings
         else:
-            out.append(line + "\n\\ No newline at end of file\n")
-    return "".join(out)
+            by_path[notice.shown] = notice
+    results = sorted(by_path.values(), key=lambda r: r.shown)
+    report = RunReport(args.mode, {"old_module": move_map.old_module,
+                                   "new_module": move_map.new_module,
+                                   "source": map_path or "builtin"},
+                       results, len(found.files), len(files), problems, found.skipped)
+    return _finish(args, report)
 
 
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` so that a crash at any point leaves either the old
-    or the new file, never a mix: temp file in the same folder, fsync, os.replace."""
-    mode = path.stat().st_mode & 0o7777
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".mmtmp")
+def _discover(args) -> Discovery:
+    configs: dict[Path, Config] = {}
+
+    def config_for(path: Path) -> Config:
+        key = path.absolute()
+        if key not in configs:
+            configs[key] = find_config(key)
+            if args.verbose and configs[key].source is not None:
+                print(printable(f"{path}: settings from {configs[key].source}"), file=sys.stderr)
+        return configs[key]
+
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
+        found = discover(args.paths, config_for, exclude=args.exclude,
+                         extend_exclude=args.extend_exclude, force_exclude=args.force_exclude,
+                         respect_gitignore=args.respect_gitignore)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    found.skipped = [(_shown(Path(path).absolute()), why) for path, why in found.skipped]
+    found.problems = [(_shown(Path(path).absolute()), why) for path, why in found.problems]
+    if args.verbose:
+        for path, reason in found.skipped:
+            print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
+    return found
+
+
+def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[str, str]]]:
+    """Snapshots of the files that mention the old module (the bytes gate runs here: most
+    files never reach a worker), and the problems met so far."""
+    files, problems = [], list(found.problems)
+    for item in found.files:
+        shown = _shown(item.real)
         try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable where the platform allows it
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
+            shown.encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append((printable(shown), "file name is not valid UTF-8; skipped (a diff or "
+                                               "report could not name it)"))
+            continue
+        if args.verbose and item.path.absolute() != item.real:
+            print(printable(f"{item.path}: symlink, its target {shown} is processed"),
+                  file=sys.stderr)
+        try:
+            snapshot = read_snapshot(item.real)
+        except OSError as exc:
+            problems.append((shown, f"cannot read: {exc.strerror or exc}"))
+            continue
+        if gate.mentions(snapshot.data):
+            files.append(_File(FileResult(shown), snapshot, package_for(item.real, item.root),
+                               item.real.suffix == ".ipynb"))
+    return files, problems
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mm-schedule-codemod",
-        description=(
-            "Migrate code across a module split (default: SGLang's "
-            "sglang.srt.managers.mm_utils -> mm_schedule). "
-            "'mm-schedule-codemod derive --help' builds a move map from two source versions."
-        ),
-    )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to process")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--check", dest="mode", action="store_const", const="check",
-                      help="write nothing; exit 1 if changes or findings remain (default)")
-    mode.add_argument("--diff", dest="mode", action="store_const", const="diff",
-                      help="print a unified diff (git apply accepts it); exit as --check")
-    mode.add_argument("--write", dest="mode", action="store_const", const="write",
-                      help="apply the changes in place, atomically per file")
-    parser.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
-    parser.add_argument("--map", metavar="FILE", help="move map JSON (default: the shipped SGLang map)")
-    parser.add_argument("-j", "--jobs", type=int, default=None,
-                        help="worker processes (default: CPU count)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
-    parser.set_defaults(mode="check")
-    return parser
+def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
+    """The old module's own file in the tree (a fork): said before anything is rewritten,
+    and reported as a finding."""
+    shown = []
+    for item in found.files:
+        path = _shown(item.real)
+        try:
+            path.encode("utf-8")
+        except UnicodeEncodeError:
+            continue
+        shown.append(path)
+    notices = []
+    for finding in fork_warnings(shown, move_map):
+        print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
+        notices.append(FileResult(finding.path, findings=[finding]))
+    return notices
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "derive":
-        from .derive import main as derive_main
-
-        return derive_main(argv[1:])
-    args = _parser().parse_args(argv)
-    try:
-        move_map = load_map(args.map)
-    except (OSError, ValueError) as exc:
-        print(f"mm-schedule-codemod: cannot load move map {args.map}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        files = _gather(args.paths)
-    except FileNotFoundError as exc:
-        print(f"mm-schedule-codemod: {exc}", file=sys.stderr)
-        return 2
+def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
+    """Transform every file in the workers; with --write, write each as it comes back."""
+    guard = TempGuard.start() if args.mode == "write" and files else None
     jobs = args.jobs if args.jobs and args.jobs > 0 else (os.cpu_count() or 1)
-    gate = Gate.for_map(move_map)
-    # The bytes gate runs here: most files never reach a worker.
-    candidates = []
-    for path, root in files:
+    pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
+                      timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
+    progress = _Progress(len(files))
+    try:
+        for key, file in enumerate(files):
+            pool.submit(file.task(key))
+        done = 0
+        for task, outcome in pool.results():
+            file = files[task.key]
+            file.take(outcome)
+            if args.mode == "write" and file.result.changes and not file.result.error:
+                if _write(file, guard):
+                    pool.submit(file.task(task.key))
+                    continue
+            done += 1
+            progress.update(done)
+    except BaseException:
+        pool.close(force=True)
+        raise
+    finally:
+        if guard:
+            guard.close()
+    pool.close()
+
+
+def _write(file: _File, guard: TempGuard | None) -> bool:
+    """Write one migrated file; True when it changed meanwhile and must be migrated again
+    (its snapshot is then the new content)."""
+    result = file.result
+    try:
+        replace(file.snapshot, result.new, guard)
+        result.written = True
+    except FileChanged:
+        if file.retries >= _RETRIES:
+            result.error = "changed again while being migrated; left as is (run again)"
+            return False
+        file.retries += 1
         try:
-            if gate.mentions(path.read_bytes()):
-                candidates.append((str(path), root, _shown(path)))
-        except OSError:
-            candidates.append((str(path), root, _shown(path)))
+            file.snapshot = read_snapshot(file.snapshot.path)
+        except OSError as exc:
+            result.error = f"cannot read after it changed: {exc.strerror or exc}"
+            return False
+        return True
+    except OSError as exc:
+        result.error = f"cannot write: {exc.strerror or exc}; file left as is"
+    return False
 
-    reports = sorted(_run(candidates, move_map, jobs), key=lambda r: _shown(r.path))
-    out = sys.stdout
-    failed = [r for r in reports if r.error]
-    changed = [r for r in reports if r.new is not None]
-    findings = [f for r in reports for f in r.findings]
-    write_errors: list[tuple[FileReport, str]] = []
-    if args.mode == "write":
-        for report in changed:
-            try:
-                write_atomically(report.path, report.new)
-            except OSError as exc:
-                write_errors.append((report, f"cannot write: {exc.strerror or exc}"))
+
+def _finish(args, report: RunReport) -> int:
+    json_to_stdout = args.json == "-"
+    text = sys.stderr if json_to_stdout or args.mode == "diff" else sys.stdout
     if args.mode == "diff":
-        for report in changed:
-            out.write(unified_diff(report.old.decode(report.encoding, "surrogateescape"),
-                                   report.new.decode(report.encoding, "surrogateescape"),
-                                   _shown(report.path)))
-    report_stream = sys.stderr if args.mode == "diff" else out
+        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+        for result in report.results:
+            if result.changes and not result.error:
+                patch = unified_diff(result.old, result.new, result.shown)
+                if out is not None:
+                    out.write(patch)
+                else:
+                    sys.stdout.write(patch.decode("utf-8", "surrogateescape"))
+        if out is not None:
+            out.flush()
     if not args.quiet:
-        for finding in sorted(findings, key=lambda f: (f.path, f.line, f.column)):
-            report_stream.write(_render(finding, args.mode) + "\n")
-    for report in failed:
-        print(f"{_shown(report.path)}: skipped, {report.error}", file=sys.stderr)
-    for report, error in write_errors:
-        print(f"{_shown(report.path)}: {error}", file=sys.stderr)
-    manual = [f for f in findings if not f.fixed]
-    summary = {
-        "files_scanned": len(files),
-        "files_matched": len(candidates),
-        "prefiltered": len(files) - len(candidates),
-        "files_changed": len(changed) - len(write_errors),
-        "files_failed": len(failed) + len(write_errors),
-        "findings": len(findings),
-        "fixed": len(findings) - len(manual),
-        "manual": len(manual),
-        "by_code": dict(sorted(Counter(f.code for f in findings).items())),
-    }
-    verb = {"write": "changed", "check": "would change", "diff": "would change"}[args.mode]
-    print(
-        f"{summary['files_scanned']} files scanned, {summary['files_changed']} {verb}, "
-        f"{len(findings)} findings ({summary['fixed']} fixable, {len(manual)} need a person)"
-        + (f", {summary['files_failed']} failed" if summary["files_failed"] else ""),
-        file=sys.stderr,
-    )
+        for result in report.results:
+            for line in result.finding_lines():
+                text.write(line + "\n")
+    for line in report.failure_lines():
+        print(line, file=sys.stderr)
+    print(report.summary_line(), file=sys.stderr)
+    status = EXIT_OK
     if args.json:
-        _write_json(args.json, args, move_map, summary, reports, findings, write_errors)
-    if failed or write_errors:
-        return 2
+        document = report.to_json()
+        if json_to_stdout:
+            sys.stdout.write(document)
+            sys.stdout.flush()
+        else:
+            try:
+                Path(args.json).write_text(document, encoding="utf-8")
+            except OSError as exc:
+                print(f"mm-schedule-codemod: cannot write {args.json}: {exc.strerror or exc}",
+                      file=sys.stderr)
+                status = EXIT_FAILED
+    summary = report.summary()
+    if summary["files_failed"]:
+        return EXIT_FAILED
+    if status:
+        return status
     if args.mode == "write":
-        return 1 if manual else 0
-    return 1 if changed or findings else 0
-
-
-def _render(finding: Finding, mode: str) -> str:
-    if finding.fixed:
-        mark = "fixed" if mode == "write" else "fixable"
-    else:
-        mark = "manual"
-    return f"{finding.path}:{finding.line}:{finding.column}: {finding.code} [{mark}] {finding.message}"
-
-
-def _gather(paths: list[str]) -> list[tuple[Path, str]]:
-    out = []
-    cwd = str(Path.cwd())
-    for raw in paths:
-        root = raw if Path(raw).is_dir() else cwd
-        for path in discover([raw]):
-            out.append((path, root))
-    seen: set[Path] = set()
-    unique = []
-    for path, root in out:
-        key = path.resolve()
-        if key not in seen:
-            seen.add(key)
-            unique.append((path, root))
-    return unique
-
-
-def _write_json(target, args, move_map, summary, reports, findings, write_errors) -> None:
-    document = {
-        "tool": "mm-schedule-codemod",
-        "schema_version": 1,
-        "mode": args.mode,
-        "map": {
-            "old_module": move_map.old_module,
-            "new_module": move_map.new_module,
-            "source": args.map or "builtin",
-        },
-        "rules": {code: {"name": name, "summary": text} for code, (name, text) in RULES.items()},
-        "summary": summary,
-        "changed_files": [_shown(r.path) for r in reports if r.new is not None],
-        "failed_files": [{"path": _shown(r.path), "error": r.error} for r in reports if r.error]
-        + [{"path": _shown(r.path), "error": e} for r, e in write_errors],
-        "findings": [f.to_dict() for f in sorted(findings, key=lambda f: (f.path, f.line, f.column))],
-    }
-    text = json.dumps(document, indent=2) + "\n"
-    if target == "-":
-        sys.stdout.write(text)
-    else:
-        Path(target).write_text(text, encoding="utf-8")
+        return EXIT_REMAINING if summary["manual"] else EXIT_OK
+    return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK

@@ -14,6 +14,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext
 
+from .findings import render
 from .move_map import load_map
 from .resolve import package_for
 from .transform import migrate_module
@@ -56,6 +57,5 @@ class MoveImportsCommand(CodemodCommand):
             tree, self.move_map, path=filename or "<stdin>", package=package
         )
         for finding in findings:
-            self.warn(f"{finding.line}:{finding.column}: {finding.code} "
-                      f"[{'fixed' if finding.fixed else 'manual'}] {finding.message}")
+            self.warn(render(finding, "write", with_path=False))
         return new_tree

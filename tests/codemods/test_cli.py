@@ -16,8 +16,8 @@ from mm_schedule.codemods import cli
 
 MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
 MOVED = (
-    "from sglang.srt.managers.mm_utils import hash_feature\n"
     "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
+    "from sglang.srt.managers.mm_utils import hash_feature\n"
 )
 MANUAL = '@patch("sglang.srt.managers.mm_utils.get_embedding_and_mask")\ndef t(m):\n    pass\n'
 
@@ -74,28 +74,30 @@ def test_unparsable_file_is_listed_skipped_and_exit_is_2(project, map_file, caps
     assert _main("--write", ".", map_file=map_file) == 2
     assert (project / "pkg" / "a.py").read_text() == MOVED  # the run went on
     err = capsys.readouterr().err
-    assert "broken.py: skipped, cannot parse" in err
+    assert "broken.py: cannot parse" in err
 
 
-def test_interrupted_write_leaves_each_file_old_or_new(project, map_file, monkeypatch):
+def test_interrupt_during_writes_exits_130_with_each_file_old_or_new(project, map_file,
+                                                                     monkeypatch):
     for i in range(4):
         (project / f"m{i}.py").write_text(MOVING)
-    real_replace = os.replace
+    real_rename = os.rename
     calls = []
 
-    def crash_on_second(src, dst):
-        calls.append(dst)
+    def interrupted_on_second(*args, **kwargs):
+        calls.append(args)
         if len(calls) == 2:
-            raise KeyboardInterrupt("simulated crash")
-        real_replace(src, dst)
+            raise KeyboardInterrupt("simulated Ctrl-C")
+        real_rename(*args, **kwargs)
 
-    monkeypatch.setattr(os, "replace", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        _main("--write", ".", map_file=map_file)
+    monkeypatch.setattr(os, "rename", interrupted_on_second)
+    assert _main("--write", ".", map_file=map_file) == 130
     contents = [p.read_text() for p in [project / "pkg" / "a.py", *project.glob("m*.py")]]
     assert all(c in (MOVING, MOVED) for c in contents)
     assert contents.count(MOVED) == 1
-    assert not [p for p in project.rglob("*") if p.name.endswith(".mmtmp")]
+    assert sorted(p.name for p in project.rglob("*")) == sorted(
+        ["pkg", "__init__.py", "a.py", "b.py", "mm_utils.py", "clean.py",
+         "m0.py", "m1.py", "m2.py", "m3.py"])
 
 
 def test_diff_is_accepted_by_git_apply(project, map_file, capsys):
@@ -105,7 +107,7 @@ def test_diff_is_accepted_by_git_apply(project, map_file, capsys):
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
     assert _main("--diff", ".", map_file=map_file) == 1
     patch = capsys.readouterr().out
-    assert patch.startswith("--- a/")
+    assert patch.startswith("diff --git a/")
     assert (project / "pkg" / "a.py").read_text() == MOVING
     (project / "change.patch").write_text(patch)
     subprocess.run(["git", "apply", "--check", "change.patch"], cwd=project, check=True)
@@ -118,29 +120,33 @@ def test_json_report_schema(project, map_file):
     report = project / "report.json"
     assert _main(".", "--json", report, map_file=map_file) == 1
     doc = json.loads(report.read_text())
-    assert doc["mode"] == "check" and doc["schema_version"] == 1
-    assert set(doc["summary"]) >= {"files_scanned", "files_changed", "files_failed", "findings",
-                                   "fixed", "manual", "prefiltered", "by_code"}
-    assert doc["summary"]["files_scanned"] == 6 and doc["summary"]["files_changed"] == 1
-    assert doc["changed_files"] == ["pkg/a.py"]
-    keys = {"path", "line", "column", "code", "symbol", "message", "fixed"}
+    assert doc["mode"] == "check" and doc["schema_version"] == 2
+    assert set(doc["summary"]) >= {"files_scanned", "files_changed", "files_would_change",
+                                   "files_failed", "findings", "fixed", "fixable", "manual",
+                                   "prefiltered", "by_code"}
+    assert doc["summary"]["files_scanned"] == 6 and doc["summary"]["files_would_change"] == 1
+    assert doc["summary"]["files_changed"] == 0 and doc["summary"]["fixed"] == 0
+    assert doc["changed_files"] == [] and doc["would_change_files"] == ["pkg/a.py"]
+    keys = {"path", "line", "column", "code", "symbol", "message", "fixed", "status"}
     assert all(set(f) == keys for f in doc["findings"])
     by_path = {f["path"]: f for f in doc["findings"]}
     assert by_path["t.py"]["code"] == "MMS005" and by_path["t.py"]["fixed"] is False
-    assert by_path["pkg/a.py"]["line"] == 1 and by_path["pkg/a.py"]["fixed"] is True
+    assert by_path["pkg/a.py"]["line"] == 1 and by_path["pkg/a.py"]["status"] == "fixable"
     assert set(doc["rules"]) >= {f["code"] for f in doc["findings"]}
 
 
-def test_gitignore_venvs_and_build_folders_are_skipped(project, map_file):
-    for folder in ("ignored", ".venv", "build", "myenv", "keep"):
+def test_gitignore_and_real_venvs_are_skipped_but_packages_named_env_or_build_are_not(
+        project, map_file):
+    for folder in ("ignored", ".venv", "build", "env", "myenv", "keep"):
         (project / folder).mkdir()
         (project / folder / "x.py").write_text(MOVING)
     (project / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")
     (project / ".gitignore").write_text("ignored/\n*.gen.py\n")
     (project / "y.gen.py").write_text(MOVING)
     assert _main("--write", ".", map_file=map_file) == 0
-    assert (project / "keep" / "x.py").read_text() == MOVED
-    for path in ("ignored/x.py", ".venv/x.py", "build/x.py", "myenv/x.py", "y.gen.py"):
+    for path in ("keep/x.py", "build/x.py", "env/x.py"):
+        assert (project / path).read_text() == MOVED, path
+    for path in ("ignored/x.py", ".venv/x.py", "myenv/x.py", "y.gen.py"):
         assert (project / path).read_text() == MOVING, path
 
 
@@ -190,4 +196,4 @@ def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, 
     assert _main("--write", ".", map_file=map_file) == 2
     assert (project / "c.py").read_text() == MOVED
     assert (project / "pkg" / "a.py").read_text() == MOVING
-    assert "pkg/a.py: skipped, internal error (RuntimeError: boom)" in capsys.readouterr().err
+    assert "pkg/a.py: internal error (RuntimeError: boom); file left as is" in capsys.readouterr().err

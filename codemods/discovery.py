@@ -1,0 +1,372 @@
+"""Which files a run looks at, decided the way ruff decides.
+
+Folders are walked for ``.py``, ``.pyi`` and ``.ipynb`` files. Left out, each with a
+reason ``-v`` prints:
+
+* what ``.gitignore`` files (the repository's, nested ones, negations),
+  ``.git/info/exclude`` and the user's global git excludes file ignore;
+* virtual environments, recognised by their ``pyvenv.cfg`` (or ``conda-meta``), not
+  by their name: a package called ``env`` or ``build`` is processed;
+* tool and cache folders (``.git``, ``.tox``, ``__pycache__``, ``node_modules``, ...),
+  replaced by ``exclude`` and extended by ``extend-exclude``;
+* symlinked folders (not followed: no cycles, no walking out of the tree) and
+  symlinks to files outside the folder being walked; a symlink to a file inside it
+  stands for its target, which is processed once however many links point to it.
+
+Exclude patterns come from the nearest ``[tool.mm-schedule-codemod]`` table, and a
+folder inside the tree with its own table uses that one below it (as ruff does).
+A file named on the command line is always processed (a symlink: its target is
+written), unless ``force-exclude`` is set and an exclude pattern matches it.
+Problems (a missing path, a symlink loop, an unreadable folder) are collected, not
+raised: the run processes everything else and reports them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Config, config_in
+
+SUFFIXES = (".py", ".pyi", ".ipynb")
+DEFAULT_EXCLUDE = (
+    ".bzr", ".direnv", ".eggs", ".git", ".git-rewrite", ".hg", ".ipynb_checkpoints",
+    ".mypy_cache", ".nox", ".pants.d", ".pyenv", ".pytest_cache", ".pytype", ".ruff_cache",
+    ".svn", ".tox", ".venv", ".vscode", "__pycache__", "__pypackages__", "_build", "buck-out",
+    "node_modules", "site-packages",
+)
+
+
+@dataclass(frozen=True)
+class Found:
+    path: Path  # as reached (a link's own path when found through a symlink)
+    real: Path  # the file that is read and written
+    root: Path  # the path argument it was found under
+
+
+@dataclass
+class Discovery:
+    files: list[Found] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (path, what went wrong)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+
+
+# --- glob patterns ------------------------------------------------------------------------
+def _glob_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("/**", i) and i + 3 == len(pattern):
+            out.append("/.*")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and pattern.find("]", i + 1) != -1:
+            end = pattern.find("]", i + 1)
+            out.append(fnmatch.translate(pattern[i : end + 1])[4:-3])
+            i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    regex: re.Pattern
+    negate: bool
+    dir_only: bool
+    source: str
+
+
+def _gitignore_rule(line: str, source: str) -> _Rule | None:
+    line = line.rstrip("\n").rstrip()
+    if not line or line.startswith("#"):
+        return None
+    negate = line.startswith("!")
+    if negate:
+        line = line[1:]
+    if line.startswith("\\"):
+        line = line[1:]
+    dir_only = line.endswith("/")
+    line = line.rstrip("/")
+    anchored = "/" in line
+    body = _glob_regex(line.lstrip("/"))
+    return _Rule(re.compile(("" if anchored else "(?:.*/)?") + body + "$"), negate, dir_only, source)
+
+
+class _Ignore:
+    """The ignore rules in force in one folder: its own ``.gitignore`` after its parents'."""
+
+    def __init__(self, parent: _Ignore | None, base: Path, rules: list[_Rule]) -> None:
+        self.parent, self.base, self.rules = parent, base, rules
+
+    def match(self, path: Path, is_dir: bool) -> _Rule | None:
+        """The rule that ignores ``path``, or None if it is not ignored."""
+        verdict = self.parent.match(path, is_dir) if self.parent else None
+        try:
+            rel = path.relative_to(self.base).as_posix()
+        except ValueError:
+            return verdict
+        for rule in self.rules:
+            if (not rule.dir_only or is_dir) and rule.regex.match(rel):
+                verdict = None if rule.negate else rule
+        return verdict
+
+    def child(self, folder: Path, rules_file: Path | None = None) -> _Ignore:
+        """These rules and those of ``rules_file`` (default: the folder's ``.gitignore``),
+        whose patterns are relative to ``folder``."""
+        rules_file = rules_file or folder / ".gitignore"
+        try:
+            lines = rules_file.read_text("utf-8", errors="replace").splitlines()
+        except OSError:
+            return self
+        rules = [r for r in (_gitignore_rule(line, str(rules_file)) for line in lines) if r]
+        return _Ignore(self, folder, rules) if rules else self
+
+
+def _global_excludes() -> Path | None:
+    """The user's git excludes file: ``core.excludesFile`` from the global git config,
+    else git's default ``$XDG_CONFIG_HOME/git/ignore``."""
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git"
+    for config in (Path.home() / ".gitconfig", xdg / "config"):
+        try:
+            lines = config.read_text("utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        section = ""
+        for line in lines:
+            line = line.strip()
+            if line.startswith("["):
+                section = line.strip("[]").strip().lower()
+            elif section == "core" and "=" in line:
+                key, value = (part.strip() for part in line.split("=", 1))
+                if key.lower() == "excludesfile" and value:
+                    return Path(os.path.expanduser(value.strip('"')))
+    return xdg / "ignore"
+
+
+def _ignore_for(folder: Path) -> _Ignore:
+    """Rules of the enclosing repository, weakest first: the user's global excludes file,
+    ``info/exclude``, then each ``.gitignore`` from the top down to ``folder``."""
+    chain = [folder, *folder.parents]
+    top = next((p for p in chain if (p / ".git").exists()), None)
+    ignore = _Ignore(None, folder, [])
+    if top is None:
+        return ignore.child(folder)
+    global_file = _global_excludes()
+    if global_file is not None:
+        ignore = ignore.child(top, global_file)
+    if (top / ".git").is_dir():
+        ignore = ignore.child(top, top / ".git" / "info" / "exclude")
+    for part in reversed(chain[: chain.index(top) + 1]):
+        ignore = ignore.child(part)
+    return ignore
+
+
+class _Excludes:
+    """``exclude`` patterns: without a slash they match a file or folder name, with
+    one a path relative to the folder that set them (like ruff's)."""
+
+    def __init__(self, config: Config, cli_exclude, cli_extend) -> None:
+        cwd = Path.cwd()
+        base_patterns = cli_exclude if cli_exclude is not None else config.exclude
+        default = base_patterns is None
+        chosen = [(p, cwd if cli_exclude is not None else config.base)
+                  for p in (base_patterns or DEFAULT_EXCLUDE)]
+        chosen += [(p, config.base) for p in config.extend_exclude]
+        chosen += [(p, cwd) for p in cli_extend]
+        self.default = default
+        self.names: list[tuple[re.Pattern, str]] = []
+        self.paths: list[tuple[re.Pattern, str]] = []
+        for pattern, base in chosen:
+            clean = pattern.rstrip("/")
+            if "/" in clean:
+                full = (base / clean).as_posix() if not os.path.isabs(clean) else clean
+                self.paths.append((re.compile(_glob_regex(full) + "$"), pattern))
+            else:
+                self.names.append((re.compile(_glob_regex(clean) + "$"), pattern))
+
+    def match(self, path: Path) -> str | None:
+        for regex, pattern in self.names:
+            if regex.match(path.name):
+                return pattern
+        text = path.as_posix()
+        for regex, pattern in self.paths:
+            if regex.match(text):
+                return pattern
+        return None
+
+
+def _is_venv(folder: Path) -> bool:
+    return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+class Walker:
+    def __init__(self, config: Config, *, exclude=None, extend_exclude=(),
+                 force_exclude: bool | None = None, respect_gitignore: bool | None = None) -> None:
+        self.excludes = _Excludes(config, exclude, list(extend_exclude))
+        self._cli_excludes = (exclude, list(extend_exclude))
+        self.force_exclude = config.force_exclude if force_exclude is None else force_exclude
+        self.gitignore = config.respect_gitignore if respect_gitignore is None else respect_gitignore
+        self.result = Discovery()
+
+    def add(self, raw: str) -> None:
+        path = Path(raw)
+        try:
+            os.lstat(path)
+        except OSError as exc:
+            self.result.problems.append((raw, "no such file or folder" if isinstance(
+                exc, FileNotFoundError) else f"cannot read: {exc.strerror or exc}"))
+            return
+        try:
+            real = Path(os.path.realpath(path, strict=True))
+        except OSError as exc:
+            self.result.problems.append((raw, _link_problem(exc)))
+            return
+        if real.is_dir():
+            folder = path.absolute()
+            ignore = _ignore_for(real) if self.gitignore else _Ignore(None, real, [])
+            self._walk(folder, real, ignore, folder)
+            return
+        if self.force_exclude:
+            pattern = self._excluded_with_parents(path.absolute())
+            if pattern:
+                self.result.skipped.append((raw, f"matches exclude pattern {pattern!r} "
+                                                 "(force-exclude)"))
+                return
+        self.result.files.append(Found(path, real, Path.cwd()))
+
+    def _excluded_with_parents(self, path: Path) -> str | None:
+        """The pattern excluding ``path`` or a folder it is in (below the working folder)."""
+        cwd = Path.cwd()
+        for candidate in (path, *path.parents):
+            if candidate == cwd or (candidate != path and not _inside(candidate, cwd)):
+                break
+            pattern = self.excludes.match(candidate)
+            if pattern:
+                return pattern
+        return None
+
+    def _walk(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as exc:
+            self.result.problems.append((str(folder), f"cannot read folder: {exc.strerror or exc}"))
+            return
+        nested = config_in(real_folder) if folder != root else None
+        if nested is None:
+            self._entries(entries, real_folder, ignore, root)
+            return
+        outer, self.excludes = self.excludes, _Excludes(nested, *self._cli_excludes)
+        try:
+            self._entries(entries, real_folder, ignore, root)
+        finally:
+            self.excludes = outer
+
+    def _entries(self, entries, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                self._link(path, ignore, root)
+            elif entry.is_dir(follow_symlinks=False):
+                reason = self._folder_skip(path, real_folder / entry.name, ignore)
+                if reason:
+                    self.result.skipped.append((str(path), reason))
+                    continue
+                child = real_folder / entry.name
+                self._walk(path, child, ignore.child(child) if self.gitignore else ignore, root)
+            elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
+                reason = self._file_skip(path, real_folder / entry.name, ignore)
+                if reason:
+                    self.result.skipped.append((str(path), reason))
+                else:
+                    self.result.files.append(Found(path, real_folder / entry.name, root))
+
+    def _folder_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:
+        pattern = self.excludes.match(path)
+        if pattern:
+            return ("tool or cache folder" if self.excludes.default
+                    else f"matches exclude pattern {pattern!r}")
+        if _is_venv(real):
+            return "virtual environment"
+        rule = ignore.match(real, True)
+        return f"ignored by {rule.source}" if rule else None
+
+    def _file_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:
+        pattern = self.excludes.match(path)
+        if pattern:
+            return f"matches exclude pattern {pattern!r}"
+        rule = ignore.match(real, False)
+        return f"ignored by {rule.source}" if rule else None
+
+    def _link(self, path: Path, ignore: _Ignore, root: Path) -> None:
+        try:
+            target = Path(os.path.realpath(path, strict=True))
+        except OSError as exc:
+            if path.name.endswith(SUFFIXES):
+                self.result.problems.append((str(path), _link_problem(exc)))
+            return
+        if target.is_dir():
+            self.result.skipped.append((str(path), "symlinked folder (not followed)"))
+            return
+        if not path.name.endswith(SUFFIXES):
+            return
+        if not _inside(target, Path(os.path.realpath(root))):
+            self.result.skipped.append(
+                (str(path), f"symlink to {target}, outside the tree (name it to migrate it)"))
+            return
+        reason = self._file_skip(path, path.parent.resolve() / path.name, ignore)
+        if reason:
+            self.result.skipped.append((str(path), reason))
+        else:
+            self.result.files.append(Found(path, target, root))
+
+
+def _link_problem(exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "broken symlink (its target does not exist)"
+    if exc.errno == 40:  # ELOOP
+        return "symlink loop (the link points back to itself)"
+    return f"cannot resolve: {exc.strerror or exc}"
+
+
+def discover(paths, config_for, **options) -> Discovery:
+    """Every file under ``paths``, each real file once; ``config_for(path)`` gives the
+    settings in force for a path argument."""
+    result = Discovery()
+    seen: set[tuple[int, int]] = set()  # (device, inode): hard links are one file too
+    for raw in paths:
+        walker = Walker(config_for(Path(raw)), **options)
+        walker.add(raw)
+        result.problems += walker.result.problems
+        result.skipped += walker.result.skipped
+        for found in walker.result.files:
+            try:
+                info = os.stat(found.real)
+            except OSError as exc:
+                result.problems.append((str(found.path), f"cannot read: {exc.strerror or exc}"))
+                continue
+            if (info.st_dev, info.st_ino) in seen:
+                result.skipped.append((str(found.path), "same file as one already found "
+                                                        "(processed once)"))
+                continue
+            seen.add((info.st_dev, info.st_ino))
+            result.files.append(found)
+    return result

@@ -1,0 +1,68 @@
+"""--diff output applies with ``git apply`` and ``patch -p1`` and gives exactly what
+--write gives, for files whose bytes trip line-based tools."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+IMPORT = b"from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature"
+FILES = {
+    "bom.py": b"\xef\xbb\xbf" + IMPORT + b"\nx = 1\n",
+    "latin1.py": b"# -*- coding: latin-1 -*-\n" + IMPORT + b"\ns = 'caf\xe9'\n",
+    "formfeed.py": b"x = 1\n\x0c\n" + IMPORT + b"\n\x0cy = 2\n",
+    "u2028.py": b"s = 'a\xe2\x80\xa8b'\n" + IMPORT + b"\nt = 'c\xe2\x80\xa9d'\n",
+    "lone_cr.py": b"x = 1\r" + IMPORT + b"\ry = 2\r",
+    "crlf.py": b"x = 1\r\n" + IMPORT + b"\r\ny = 2\r\n",
+    "no_newline.py": b"x = 1\n" + IMPORT,
+    "dir with space/caf\xc3\xa9 name.py": IMPORT + b"\n",
+}
+
+
+def _tree(root):
+    root.mkdir()
+    for name, data in FILES.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+def _snapshot(root):
+    return {name: (root / name).read_bytes() for name in FILES}
+
+
+def _codemod(root, map_file, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", ".", *args, "--map", str(map_file)],
+        cwd=root, capture_output=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
+                    reason="needs git and patch")
+def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file):
+    written = _tree(tmp_path / "written")
+    proc = _codemod(written, map_file, "--write")
+    assert proc.returncode == 0, proc.stderr.decode()
+    expected = _snapshot(written)
+    assert all(expected[name] != data for name, data in FILES.items()), "every file must change"
+
+    shown = _tree(tmp_path / "shown")
+    proc = _codemod(shown, map_file, "--diff")
+    assert proc.returncode == 1, proc.stderr.decode()
+    patch = proc.stdout
+    assert _snapshot(shown) == FILES  # --diff writes nothing
+    assert patch.count(b"diff --git ") == len(FILES)
+
+    with_git = _tree(tmp_path / "with_git")
+    subprocess.run(["git", "apply", "--check", "-"], cwd=with_git, input=patch, check=True)
+    subprocess.run(["git", "apply", "-"], cwd=with_git, input=patch, check=True)
+    assert _snapshot(with_git) == expected
+
+    with_patch = _tree(tmp_path / "with_patch")
+    subprocess.run(["patch", "-p1", "--quiet", "--no-backup-if-mismatch"], cwd=with_patch,
+                   input=patch, check=True)
+    assert _snapshot(with_patch) == expected

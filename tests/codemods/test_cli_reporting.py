@@ -1,0 +1,139 @@
+"""Inputs refused before anything is read or written (exit 3), and reports that say
+only what happened: pure JSON on stdout, fixable vs fixed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mm_schedule.codemods import cli
+
+MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
+MANUAL = '@patch("sglang.srt.managers.mm_utils.get_embedding_and_mask")\ndef t(m):\n    pass\n'
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "a.py").write_text(MOVING)
+    monkeypatch.chdir(root)
+    return root
+
+
+@pytest.mark.parametrize(
+    "map_text, message",
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"old_module": "a.b"}', "missing required key"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"old_module": "a.b", "new_module": "a.b", "moved": {}}',
+         "new_module is the same as old_module"),
+        ('{"old_module": "a.b-c", "new_module": "a.d", "moved": {}}', "not a dotted module name"),
+    ],
+    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name"],
+)
+def test_a_malformed_map_is_refused_before_any_file_is_touched(tree, capsys, map_text, message):
+    bad = tree.parent / "bad.json"
+    bad.write_text(map_text)
+    assert cli.main(["--write", ".", "--map", str(bad)]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "missing_folder", "a_folder"])
+def test_an_unwritable_json_path_is_refused_before_any_file_is_touched(tree, map_file, capsys,
+                                                                       where):
+    (tree.parent / "plain.txt").write_text("")
+    (tree.parent / "folder").mkdir()
+    target = {"under_a_file": tree.parent / "plain.txt" / "r.json",
+              "missing_folder": tree.parent / "nowhere" / "r.json",
+              "a_folder": tree.parent / "folder"}[where]
+    assert cli.main(["--write", ".", "--json", str(target), "--map", str(map_file)]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+    assert "--json" in capsys.readouterr().err
+
+
+def test_a_bad_config_table_is_refused(tree, map_file, capsys):
+    (tree / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nexclud = ["x"]\n')
+    assert cli.main(["--write", ".", "--map", str(map_file)]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+    assert "unknown key(s) in [tool.mm-schedule-codemod]: ['exclud']" in capsys.readouterr().err
+
+
+def test_bad_options_exit_3(tree, capsys):
+    assert cli.main(["--write", "--check", "."]) == 3
+    assert cli.main([]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+
+
+def test_json_dash_is_pure_json_on_stdout_and_text_goes_to_stderr(tree, map_file):
+    (tree / "t.py").write_text(MANUAL)
+    (tree / "broken.py").write_text("from sglang.srt.managers.mm_utils import (\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", ".", "nope.py", "-v", "--json", "-",
+         "--map", str(map_file)],
+        cwd=tree, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)  # nothing else on stdout
+    assert doc["mode"] == "check"
+    assert {f["path"] for f in doc["failed_files"]} == {"nope.py", "broken.py"}
+    assert "a.py:1:42: MMS001 [fixable]" in proc.stderr and "t.py:1:" in proc.stderr
+    assert "nope.py: no such file or folder" in proc.stderr
+
+
+def test_check_says_fixable_and_only_write_says_fixed(tree, map_file, capsys):
+    report = tree.parent / "r.json"
+    assert cli.main([".", "--map", str(map_file), "--json", str(report)]) == 1
+    out, err = capsys.readouterr()
+    assert "[fixable]" in out and "[fixed]" not in out
+    assert "1 would change" in err and "1 fixable" in err
+    doc = json.loads(report.read_text())
+    assert doc["changed_files"] == [] and doc["would_change_files"] == ["a.py"]
+    assert [f["status"] for f in doc["findings"]] == ["fixable"]
+
+    assert cli.main([".", "--write", "--map", str(map_file), "--json", str(report)]) == 0
+    out, err = capsys.readouterr()
+    assert "[fixed]" in out and "1 changed" in err
+    doc = json.loads(report.read_text())
+    assert doc["changed_files"] == ["a.py"] and doc["summary"]["fixed"] == 1
+    assert [f["status"] for f in doc["findings"]] == ["fixed"]
+
+
+def test_a_tree_with_the_old_modules_own_file_is_warned_about_first(tree, map_file, capsys):
+    own = tree / "sglang" / "srt" / "managers"
+    own.mkdir(parents=True)
+    (own / "mm_utils.py").write_text("def get_embedding_chunk():\n    pass\n")
+    report = tree.parent / "r.json"
+    assert cli.main(["--write", ".", "--map", str(map_file), "--json", str(report)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("warning: sglang/srt/managers/mm_utils.py: this tree has its own")
+    doc = json.loads(report.read_text())
+    assert [(f["path"], f["code"], f["status"]) for f in doc["findings"]] == [
+        ("a.py", "MMS001", "fixed"), ("sglang/srt/managers/mm_utils.py", "MMS015", "manual")]
+
+
+def test_json_on_stdout_and_a_diff_together_are_refused(tree, map_file, capsys):
+    assert cli.main(["--diff", ".", "--json", "-", "--map", str(map_file)]) == 3
+    assert "--json - and --diff both write to stdout" in capsys.readouterr().err
+
+
+def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monkeypatch, capsys):
+    from mm_schedule.codemods.move_map import load_map
+
+    earlier = sorted(load_map().earlier)
+    assert earlier, "the shipped map records names lost in earlier releases"
+    target = load_map().header["target_version"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.py").write_text(f"from sglang.srt.managers.mm_utils import {earlier[0]}\n")
+    assert cli.main(["old.py"]) == 0  # not in the map's range: nothing to say
+    capsys.readouterr()
+    assert cli.main(["old.py", "--target-version", target]) == 1
+    out = capsys.readouterr().out
+    assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
+    assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
+    assert "this map targets" in capsys.readouterr().err
