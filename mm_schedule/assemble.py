@@ -66,11 +66,12 @@ def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: 
         raise
 
 
-def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any) -> Any:
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any) -> Any:
     """The packed rows of a table that is every source whole and in order (see
-    ``packed_table``): their concatenation. Failures evict like ``copy_rows``."""
+    ``packed_table``): their concatenation, written into ``out``. Failures evict like
+    ``copy_rows``."""
     try:
-        return torch.cat(tensors)
+        return torch.cat(tensors, out=out)
     except Exception:
         if cache is not None:
             cache.discard_many(plan.hit_keys)
