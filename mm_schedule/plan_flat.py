@@ -16,7 +16,6 @@ from .items import modality_name
 from .keys import item_key
 from .plan import HIT, MISS, StepPlan, batch_misses
 
-
 _NO_MODALITY = object()
 
 
