@@ -66,12 +66,12 @@ def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: 
         raise
 
 
-def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any) -> Any:
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any = None) -> Any:
     """The packed rows of a table that is every source whole and in order (see
     ``packed_table``): their concatenation, written into ``out``. Failures evict like
-    ``copy_rows``."""
+    ``copy_rows``; ``out`` None: a new tensor."""
     try:
-        return torch.cat(tensors, out=out)
+        return torch.cat(tensors) if out is None else torch.cat(tensors, out=out)
     except Exception:
         if cache is not None:
             cache.discard_many(plan.hit_keys)

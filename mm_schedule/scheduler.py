@@ -144,6 +144,8 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
         else:
             if out is None:
                 out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
+                if out is None:
+                    out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
             else:
                 _check_out(out, plan.n_rows, expected)
             if len(dtypes) > 1:

@@ -58,11 +58,13 @@ def drop_spare() -> None:
 
 
 def packed_buffer(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
-    """An uninitialised contiguous ``[rows, hidden]`` tensor, on the spare's memory when it may be reused."""
+    """An uninitialised contiguous ``[rows, hidden]`` CPU tensor, on the spare's memory
+    when it may be reused; None for a result too small to keep or not on the CPU (the
+    caller allocates it as usual)."""
     global _spare
     nbytes = rows * hidden * dtype.itemsize
-    if device.type != "cpu" or nbytes < MIN_BYTES:
-        return torch.empty((rows, hidden), dtype=dtype, device=device)
+    if nbytes < MIN_BYTES or device.type != "cpu":
+        return None
     with _lock:
         storage, _spare = _spare, None
     # Checked here, in the frame that holds ``storage`` in one local variable, as ``_ONLY_OURS`` was measured.
