@@ -22,6 +22,11 @@ class SegmentTable:
         self._columns = (source, src_row, n_rows, dst_row)
         self.whole_sources_rows = whole_sources_rows
 
+    @property
+    def columns(self) -> tuple:
+        """``(source, src_row, n_rows, dst_row)`` as four sequences."""
+        return self._columns
+
     def __len__(self) -> int:
         return len(self._columns[0])
 
