@@ -14,7 +14,8 @@ provably unused; a GPU caching allocator already does this for GPU results.
 * the Python references to that handle must be only ours: torch hands out one Python
   object per storage, so a caller that kept ``result.untyped_storage()`` shares it.
 
-Anything else (the caller still holds the result, a view of it, cached it) and the
+Memory moved to shared memory (``share_memory_``) is never reused: another process may
+still map it. Anything else (the caller still holds the result, a view of it, cached it) and the
 step allocates afresh, exactly as without a spare. The handle is taken out of the slot
 under a lock before it is checked, so two threads never get the same memory. One
 spare is kept per process, at most the size of the largest recent result.
@@ -69,7 +70,7 @@ def packed_buffer(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
         storage, _spare = _spare, None
     # Checked here, in the frame that holds ``storage`` in one local variable, as ``_ONLY_OURS`` was measured.
     if (storage is not None and _python_refs(storage) == _ONLY_OURS and _use_count(storage._cdata) == 1
-            and nbytes <= storage.nbytes() <= nbytes + nbytes // SLACK):
+            and not storage.is_shared() and nbytes <= storage.nbytes() <= nbytes + nbytes // SLACK):
         out = torch.empty(0, dtype=dtype).set_(storage, 0, (rows, hidden))
     else:
         storage = None  # dropped now: a result nobody holds is freed before the new one exists

@@ -109,3 +109,17 @@ def test_other_sizes_and_small_results_get_fresh_memory(monkeypatch):
     spare.drop_spare()
     assert torch.equal(_step(requests, cache), naive_reference(requests))
     assert spare._spare is None  # below the threshold nothing is kept
+
+
+def test_memory_moved_to_shared_memory_is_never_reused():
+    """Another process may map it after this one drops the result."""
+    cache = EmbeddingCache(1 << 24)
+    requests = _requests(random.Random(3), chunked=False)
+    first = _step(requests, cache)
+    first.share_memory_()
+    address = first.data_ptr()
+    first = None
+    gc.collect()
+    second = _step(requests, cache)
+    assert second.data_ptr() != address
+    assert torch.equal(second, naive_reference(requests))
