@@ -37,7 +37,7 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     add_key, add_rows, add_modality, add_first, add_token = (
         keys.append, rows.append, modalities.append, first_items.append, seg_token_row.append)
     find = source_of.get
-    token_base = 0
+    token_base = n_sources = 0
     modality, name = _NO_MODALITY, None  # the last item's modality and its name
     try:
         for r in range(len(item_lists)):
@@ -87,7 +87,8 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                 n = e - s + 1
                 source = find(h)
                 if source is None:
-                    source = source_of[h] = len(keys)
+                    source_of[h] = source = n_sources
+                    n_sources += 1
                     add_key(h)
                     add_rows(n)
                     m = item.modality
@@ -95,14 +96,16 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                         modality, name = m, names[m] if m in names else modality_name(m)
                     add_modality(name)
                     add_first(item)
+                    if s >= prefix and e < end:
+                        add_token(s + token_shift)  # the usual segment: nothing else to note
+                        continue
                     new = True
                 elif rows[source] != n:
                     return None  # one hash, two lengths: the general planner keeps them apart
                 else:
                     new = False
                 if s >= prefix and e < end:
-                    if not new:
-                        odd.append((len(seg_token_row), source, 0, n, item, False))
+                    odd.append((len(seg_token_row), source, 0, n, item, False))
                     add_token(s + token_shift)
                 else:
                     lo = s if s > prefix else prefix
