@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from operator import add, le, sub
 
 import torch
 
@@ -62,42 +63,34 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     """One torch call for the whole table: a ``cat`` into ``dst`` when the segments fill
     consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
     into views of ``dst`` (the fused layout, rows between placeholders left alone).
-    Whole sources are passed as they are; only partial ones are sliced."""
+    Whole sources are passed as they are; only partial ones are sliced. The table is
+    read a column at a time (``segments.columns`` when it has them), so besides the
+    slicing every pass over it runs inside C builtins."""
     whole_rows = getattr(segments, "whole_sources_rows", None)
     if whole_rows is not None:
         torch.cat(sources, out=dst if whole_rows == dst.shape[0] else dst[:whole_rows])
         return dst
-    views = []
-    append = views.append
-    first = expected = segments[0][3]
-    in_order = ascending = True
-    for s, r, n, d in segments:
-        src = sources[s]
-        append(src if r == 0 and n == src.shape[0] else src[r : r + n])
-        if d != expected:
-            in_order = False
-            ascending = ascending and d > expected
-        expected = d + n
-    if in_order:
-        torch.cat(views, out=dst if first == 0 and expected == dst.shape[0] else dst[first:expected])
+    columns = getattr(segments, "columns", None)
+    source_of, first_row, counts, rows = columns if columns is not None else [list(c) for c in zip(*segments)]
+    views = [src if r == 0 and n == len(src) else src[r : r + n]
+             for src, r, n in zip(map(sources.__getitem__, source_of), first_row, counts)]
+    ends = list(map(add, rows, counts))
+    if rows[1:] == ends[:-1]:
+        first, last = rows[0], ends[-1]
+        torch.cat(views, out=dst if first == 0 and last == dst.shape[0] else dst[first:last])
         return dst
-    order = range(len(segments))
-    if not ascending:
-        order = sorted(order, key=lambda i: segments[i][3])
-        views = [views[i] for i in order]
+    if not all(map(le, ends[:-1], rows[1:])):
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        views, rows, counts = ([column[i] for i in order] for column in (views, rows, counts))
+        ends = list(map(add, rows, counts))
     # Views of dst cut at every segment boundary (the odd ones are the segments), a group
     # at a time: a few hundred live views never set off a garbage collection.
-    rows = [segments[i][3] for i in order]
-    counts = [segments[i][2] for i in order]
     for start in range(0, len(rows), _VIEWS_PER_GROUP):
         stop = min(start + _VIEWS_PER_GROUP, len(rows))
-        base = rows[start]
-        sizes, position = [], base
-        for d, n in zip(rows[start:stop], counts[start:stop]):
-            sizes.append(d - position)
-            sizes.append(n)
-            position = d + n
-        torch._foreach_copy_(list(dst[base:position].split(sizes)[1::2]), views[start:stop])
+        sizes = [0] * (2 * (stop - start))
+        sizes[1::2] = counts[start:stop]
+        sizes[2::2] = map(sub, rows[start + 1 : stop], ends[start : stop - 1])  # the gaps between segments
+        torch._foreach_copy_(list(dst[rows[start] : ends[stop - 1]].split(sizes)[1::2]), views[start:stop])
     return dst
 
 

@@ -22,6 +22,11 @@ class SegmentTable:
         self._columns = (source, src_row, n_rows, dst_row)
         self.whole_sources_rows = whole_sources_rows
 
+    @property
+    def columns(self) -> tuple:
+        """``(source, src_row, n_rows, dst_row)`` as four sequences."""
+        return self._columns
+
     def __len__(self) -> int:
         return len(self._columns[0])
 
@@ -66,11 +71,12 @@ def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: 
         raise
 
 
-def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any) -> Any:
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any = None) -> Any:
     """The packed rows of a table that is every source whole and in order (see
-    ``packed_table``): their concatenation. Failures evict like ``copy_rows``."""
+    ``packed_table``): their concatenation, written into ``out``. Failures evict like
+    ``copy_rows``; ``out`` None: a new tensor."""
     try:
-        return torch.cat(tensors)
+        return torch.cat(tensors) if out is None else torch.cat(tensors, out=out)
     except Exception:
         if cache is not None:
             cache.discard_many(plan.hit_keys)

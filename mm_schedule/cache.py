@@ -140,9 +140,20 @@ class EmbeddingCache:
         ``protect``: keys that must not be evicted to make room (the inserting step's
         own hits). The caller has validated the tensors (floating, right rows)."""
         prepared = [(key, _entry(tensor, None)) for key, tensor in entries]
-        keep = set(protect)
-        inserted = 0
+        added = dict(prepared)
         with self._lock:
+            total = sum(entry[_BYTES] for entry in added.values())
+            if len(added) == len(prepared) and self._bytes + total <= self.max_bytes \
+                    and self._entries.keys().isdisjoint(added):
+                # New keys that fit without evicting (a step's encoder outputs, usually):
+                # all added at once, in order, exactly as one at a time would add them.
+                self._entries.update(added)
+                self._layouts.update(entry[_LAYOUT] for entry in added.values())
+                self._bytes += total
+                self._insertions += len(added)
+                return len(added)
+            keep = set(protect)
+            inserted = 0
             for key, entry in prepared:
                 inserted += self._insert(key, entry, keep)
         return inserted

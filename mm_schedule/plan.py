@@ -142,6 +142,8 @@ class StepPlan(NamedTuple):
         """Every request's item served from the cache, each use once (whole-request
         sources contribute all their items)."""
         kinds = self.kinds
+        if MISS not in kinds and PRECOMPUTED not in kinds and not self.multi_items:
+            return list(self.use_item)  # every use a hit of one item (the steady state): no loop
         items = []
         for source, item in zip(self.use_source, self.use_item):
             if kinds[source] is HIT:

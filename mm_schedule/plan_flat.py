@@ -9,10 +9,14 @@ cache*, and the general planner plans the step from scratch, with its error mess
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from .items import KNOWN_MODALITIES as names
 from .items import modality_name
 from .keys import item_key
 from .plan import HIT, MISS, StepPlan, batch_misses
+
+_NO_MODALITY = object()
 
 
 def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, budget) -> StepPlan | None:
@@ -21,22 +25,20 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
     requests: list[int] = []
     modalities: list[str] = []
     first_items: list = []
-    seg_source: list[int] = []
-    seg_src_row: list[int] = []
-    seg_rows: list[int] = []
-    seg_packed_row: list[int] = []
     seg_token_row: list[int] = []
     seg_request: list[int] = []
-    seg_item: list = []
+    # The usual segment is a new source used whole: it adds nothing but its token row,
+    # and the other segment columns follow from the source columns. Any other segment
+    # (an item cut by the chunk edge, a hash an earlier item brought) is listed here
+    # as (segment, source, src_row, n_rows, item, new source?).
+    odd: list[tuple] = []
     source_of: dict[int, int] = {}
     # Bound once: the loop below runs per item and every attribute lookup shows.
-    add_key, add_rows, add_request, add_modality, add_first = (
-        keys.append, rows.append, requests.append, modalities.append, first_items.append)
-    add_source, add_src_row, add_seg_rows, add_packed, add_token, add_item = (
-        seg_source.append, seg_src_row.append, seg_rows.append, seg_packed_row.append, seg_token_row.append,
-        seg_item.append)
+    add_key, add_rows, add_modality, add_first, add_token = (
+        keys.append, rows.append, modalities.append, first_items.append, seg_token_row.append)
     find = source_of.get
-    packed = token_base = 0
+    token_base = n_sources = 0
+    modality, name = _NO_MODALITY, None  # the last item's modality and its name
     try:
         for r in range(len(item_lists)):
             prefix = prefixes[r]
@@ -58,9 +60,10 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
             if given is not None and len(given) != len(items):
                 return None
             end = prefix + extend
+            token_shift = row_offset - prefix
             prev_end = -1
             k = 0
-            first_segment = len(seg_source)
+            first_segment, first_source = len(seg_token_row), len(keys)
             for item in items:
                 if item.precomputed_embeddings is not None:
                     return None
@@ -84,29 +87,42 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
                 n = e - s + 1
                 source = find(h)
                 if source is None:
-                    source = source_of[h] = len(keys)
+                    source_of[h] = source = n_sources
+                    n_sources += 1
                     add_key(h)
                     add_rows(n)
-                    add_request(r)
                     m = item.modality
-                    add_modality(names[m] if m in names else modality_name(m))
+                    if m is not modality:
+                        modality, name = m, names[m] if m in names else modality_name(m)
+                    add_modality(name)
                     add_first(item)
+                    if s >= prefix and e < end:
+                        add_token(s + token_shift)  # the usual segment: nothing else to note
+                        continue
+                    new = True
                 elif rows[source] != n:
                     return None  # one hash, two lengths: the general planner keeps them apart
-                lo = s if s > prefix else prefix
-                hi = e if e < end else end - 1
-                n = hi - lo + 1
-                add_source(source)
-                add_src_row(lo - s)
-                add_seg_rows(n)
-                add_packed(packed)
-                add_token(row_offset + lo - prefix)
-                add_item(item)
-                packed += n
-            seg_request += [r] * (len(seg_source) - first_segment)
+                else:
+                    new = False
+                if s >= prefix and e < end:
+                    odd.append((len(seg_token_row), source, 0, n, item, False))
+                    add_token(s + token_shift)
+                else:
+                    lo = s if s > prefix else prefix
+                    hi = e if e < end else end - 1
+                    odd.append((len(seg_token_row), source, lo - s, hi - lo + 1, item, new))
+                    add_token(lo + token_shift)
+            requests += [r] * (len(keys) - first_source)
+            seg_request += [r] * (len(seg_token_row) - first_segment)
     except (AttributeError, TypeError, ValueError):
         return None  # not the flat shape, or malformed: the general planner says which
 
+    if odd:
+        seg_source, seg_src_row, seg_rows, seg_item = _segment_columns(len(seg_token_row), odd, rows, first_items)
+    else:
+        seg_source, seg_src_row, seg_rows, seg_item = list(range(len(keys))), [0] * len(keys), rows, first_items
+    seg_packed_row = list(accumulate(seg_rows, initial=0))
+    packed = seg_packed_row.pop()
     layout = None
     if cache is not None and keys:
         tensors, layout = cache.lookup_many(keys, rows)
@@ -120,3 +136,24 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
         batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
         seg_source, seg_item, packed, token_base, layout, budget,
     )
+
+
+def _segment_columns(n_segments: int, odd: list[tuple], rows: list[int], first_items: list):
+    """``seg_source``, ``seg_src_row``, ``seg_rows`` and ``seg_item`` of a step with odd
+    segments: every other segment is the next new source, whole."""
+    seg_source, seg_src_row, seg_rows, seg_item = [], [], [], []
+    special = {entry[0]: entry for entry in odd}
+    next_new = 0
+    for segment in range(n_segments):
+        entry = special.get(segment)
+        if entry is None:
+            source, src_row, n, item = next_new, 0, rows[next_new], first_items[next_new]
+            next_new += 1
+        else:
+            _, source, src_row, n, item, new = entry
+            next_new += new
+        seg_source.append(source)
+        seg_src_row.append(src_row)
+        seg_rows.append(n)
+        seg_item.append(item)
+    return seg_source, seg_src_row, seg_rows, seg_item

@@ -37,6 +37,7 @@ from .errors import InvalidItemError, KernelInputError
 from .items import as_index
 from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan
 from .planner import as_requests, plan_step
+from .spare import packed_buffer
 from .validate import Expected, check_hits, check_outputs, check_precomputed
 
 DEFAULT_CONTEXT = StepContext()
@@ -154,11 +155,14 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
         table = packed_table(plan)
         if out is None and table.whole_sources_rows is not None and dtypes == {target}:
             # Every source whole, in order, one dtype: the result is their concatenation,
-            # which torch allocates and fills in one call on any device.
-            embedding = concat_rows(plan, tensors, cache)
+            # one torch call on any device (into reused memory for a large CPU result).
+            embedding = concat_rows(plan, tensors, cache,
+                                    packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
         else:
             if out is None:
-                out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+                out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
+                if out is None:
+                    out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
             else:
                 _check_out(out, plan.n_rows, expected)
             if len(dtypes) > 1:

@@ -108,9 +108,12 @@ def get_embedding_and_mask(
     cache = embedding_cache
     if cache is None:
         _warn_uncached()
-    items = _as_list(embedding_items)
-    items_size = _as_list(items_size)
-    prefixes = _as_list(prefix_length)
+    # Lists (what SGLang passes) are used as they are; anything else is read into one.
+    items = embedding_items if type(embedding_items) is list else _as_list(embedding_items)
+    items_size = items_size if type(items_size) is list else _as_list(items_size)
+    prefixes = prefix_length if type(prefix_length) is list else _as_list(prefix_length)
+    extends = extend_length if type(extend_length) is list else _as_list(extend_length)
+    offsets = items_offset_list if type(items_offset_list) is list else _as_list(items_offset_list)
     n = min(len(items_size) - 1, len(prefixes))
     context = _step_context
     if evs.pruned_video_requests(items, items_size, n):
@@ -119,8 +122,8 @@ def get_embedding_and_mask(
             _as_list(extend_length), _as_list(items_offset_list), cache=cache, context=context,
         )
     plan = plan_columns(
-        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, _as_list(extend_length),
-        _as_list(items_offset_list), [None] * n, cache, context.max_tokens_per_encoder_call,
+        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, extends, offsets, [None] * n,
+        cache, context.max_tokens_per_encoder_call,
     )
     if not plan.n_rows:
         return None, None, input_ids

@@ -185,12 +185,36 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
     return encoded
 
 
+def _uniform_list(output, item_rows, expected) -> list[Any] | None:
+    """``output`` when every tensor in it passes ``check_tensor`` as it is (2-D, exactly
+    its item's rows, one floating dtype, the step's hidden size and device, no autograd
+    graph): the common case, checked without naming each item. None when any tensor
+    needs a closer look; the per-item checks then say which."""
+    first = output[0] if output else None
+    if type(first) is not torch.Tensor or first.dim() != 2:
+        return None
+    dtype, device = first.dtype, first.device
+    hidden = first.shape[1] if expected.hidden is None else expected.hidden
+    if not dtype.is_floating_point or device.type == "meta" or (
+            expected.device is not None and device != expected.device):
+        return None
+    for t, rows in zip(output, item_rows):
+        if type(t) is not torch.Tensor or t.dtype is not dtype or t.shape != (rows, hidden) or t.requires_grad \
+                or t.device != device:
+            return None
+    _learn(expected, hidden, dtype, device)
+    return list(output)
+
+
 def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
     if len(output) != len(item_rows):
         raise EmbeddingLengthMismatch(
             expected=len(item_rows), received=len(output), request=plan.requests[batch[0]],
             what="encoder outputs (one tensor per item)", hint=f"items: {_labels(plan, batch)}",
         )
+    pieces = _uniform_list(output, item_rows, expected)
+    if pieces is not None:
+        return pieces
     if expected.hidden is None:
         # Nothing else fixes the hidden size: the outputs' most common one does, so the
         # odd output is the one named.

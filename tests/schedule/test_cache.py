@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from mm_schedule import EmbeddingCache, EmbeddingResult, combine_hashes
+from mm_schedule.cache import _entry
 
 ROW = 4 * 4  # one float32 row of hidden 4
 
@@ -125,3 +126,25 @@ def test_non_tensor_values_are_refused():
     with pytest.raises(CacheStateError, match="key 3: the cache stores tensors"):
         cache.set(3, [[1.0, 2.0]])
     assert len(cache) == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_insert_many_leaves_the_cache_as_one_insert_at_a_time_would(seed):
+    """Batches that fit as new keys take a shortcut; the cache must end up the same as
+    inserting each pair alone (order, bytes, stats), on batches that fit and ones that do not."""
+    gen = torch.Generator().manual_seed(seed)
+    budget = 4096
+    batched, single = EmbeddingCache(budget), EmbeddingCache(budget)
+    for _ in range(12):
+        n = int(torch.randint(1, 6, (1,), generator=gen))
+        keys = torch.randint(0, 10, (n,), generator=gen).tolist()
+        pairs = [(k, torch.randn(int(torch.randint(1, 9, (1,), generator=gen)), 16, generator=gen)) for k in keys]
+        protect = [k for k in list(single._entries)[-2:]]
+        batched.insert_many(pairs, protect=protect)
+        for k, t in pairs:
+            single._insert(k, _entry(t, None), set(protect))
+        assert list(batched._entries) == list(single._entries)
+        assert batched.stats() == single.stats()
+        assert batched.stats().bytes <= budget
+        for k in list(single._entries):
+            assert torch.equal(batched.lookup(k), single.lookup(k))
