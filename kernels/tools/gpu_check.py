@@ -184,7 +184,8 @@ def main(argv=None) -> int:
                 summary.write(out)
                 _print_summary(summary)
     results = args.results_dir or (None if args.dry_run else DEFAULT_RESULTS)
-    if results is not None and summary.environment:
+    # A run that found no GPU measured nothing: there is nothing to put beside the results.
+    if results is not None and summary.environment and (args.dry_run or summary.environment.get("gpu")):
         _copy_results(out, results, summary.environment)
     return status
 

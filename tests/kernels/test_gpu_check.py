@@ -75,10 +75,13 @@ def test_a_run_out_of_time_says_so_and_fails(tmp_path):
 def test_no_gpu_without_dry_run_exits_2(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--out", str(tmp_path)],
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--out", str(tmp_path),
+         "--results-dir", str(tmp_path / "results")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "no GPU" in done.stdout
+    # Nothing was measured, so nothing is copied beside the results.
+    assert not (tmp_path / "results").exists()
 
 
 class _CapAfter(Budget):
