@@ -41,6 +41,10 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
         pads = pads.reshape(-1).to(ids.device, non_blocking=True)
         common = torch.promote_types(ids.dtype, pads.dtype)
         ids, pads = ids.to(common), pads.to(common)
+    return _membership(ids, pads)
+
+
+def _membership(ids: Any, pads: Any) -> Any:
     n = pads.numel()
     if n == 0 or n < 10 * ids.numel() ** 0.145:
         # torch.isin's own rule for comparing against each id (no sort, no device wait).
@@ -63,6 +67,10 @@ def _table_lookup(ids: Any, pads: Any) -> Any:
     depth = torch.arange(n) - torch.searchsorted(bucket, bucket)  # place within the bucket
     rows = int(depth.max()) + 1
     if rows > _TABLE_MAX_DEPTH:
+        distinct = pads.unique()
+        if distinct.numel() < n:
+            # Repeated ids (one image token id passed once per item) deepened the buckets.
+            return _membership(ids, distinct).view(-1)
         return torch.isin(ids, pads)
     # Empty slots hold a real placeholder id, so matching one is still a right answer.
     table = pads[:1].expand(rows, size).clone()
