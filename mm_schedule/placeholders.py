@@ -8,7 +8,8 @@ narrowed into a collision with an int32 token id. How, by the number of placehol
   against each id directly;
 * many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
   bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
-  fast as ``isin``, which sorts;
+  fast as ``isin``, which sorts (ids repeated until a bucket overflows, as one image token
+  id passed once per item is, are deduplicated first);
 * many, on a GPU: a sorted search (``isin`` would sort through ``unique`` and the table
   would need its bucket depth on the host: both wait for the device).
 """
