@@ -8,7 +8,8 @@ narrowed into a collision with an int32 token id. How, by the number of placehol
   against each id directly;
 * many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
   bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
-  fast as ``isin``, which sorts;
+  fast as ``isin``, which sorts (ids repeated until a bucket overflows, as one image token
+  id passed once per item is, are deduplicated first);
 * many, on a GPU: a sorted search (``isin`` would sort through ``unique`` and the table
   would need its bucket depth on the host: both wait for the device).
 """
@@ -41,6 +42,10 @@ def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
         pads = pads.reshape(-1).to(ids.device, non_blocking=True)
         common = torch.promote_types(ids.dtype, pads.dtype)
         ids, pads = ids.to(common), pads.to(common)
+    return _membership(ids, pads)
+
+
+def _membership(ids: Any, pads: Any) -> Any:
     n = pads.numel()
     if n == 0 or n < 10 * ids.numel() ** 0.145:
         # torch.isin's own rule for comparing against each id (no sort, no device wait).
@@ -63,6 +68,10 @@ def _table_lookup(ids: Any, pads: Any) -> Any:
     depth = torch.arange(n) - torch.searchsorted(bucket, bucket)  # place within the bucket
     rows = int(depth.max()) + 1
     if rows > _TABLE_MAX_DEPTH:
+        distinct = pads.unique()
+        if distinct.numel() < n:
+            # Repeated ids (one image token id passed once per item) deepened the buckets.
+            return _membership(ids, distinct).view(-1)
         return torch.isin(ids, pads)
     # Empty slots hold a real placeholder id, so matching one is still a right answer.
     table = pads[:1].expand(rows, size).clone()

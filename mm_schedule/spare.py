@@ -48,7 +48,8 @@ def _python_refs_of_a_local() -> int:
 # What ``_python_refs`` reports for a storage held by one local variable and nothing
 # else (measured, not assumed: argument passing differs between Python versions).
 _ONLY_OURS = _python_refs_of_a_local()
-_use_count = torch._C._storage_Use_Count  # C++ owners of a storage
+# C++ owners of a storage (a private torch function: without it, nothing is ever reused).
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
 
 
 def drop_spare() -> None:
@@ -64,7 +65,7 @@ def packed_buffer(rows: int, hidden: int, dtype: Any, device: Any) -> Any:
     caller allocates it as usual)."""
     global _spare
     nbytes = rows * hidden * dtype.itemsize
-    if nbytes < MIN_BYTES or device.type != "cpu":
+    if nbytes < MIN_BYTES or device.type != "cpu" or _use_count is None:
         return None
     with _lock:
         storage, _spare = _spare, None

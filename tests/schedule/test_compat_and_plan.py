@@ -283,3 +283,16 @@ def test_flat_and_general_planners_build_the_same_plan():
         assert (flat.n_rows, flat.n_tokens) == (general.n_rows, general.n_tokens)
         compared += 1
     assert compared > 150
+
+
+@pytest.mark.parametrize("distinct", [1, 3, 40])
+def test_placeholder_mask_with_ids_repeated_once_per_item(distinct):
+    """One image token id per item, repeated (deep buckets): still exactly isin."""
+    g = torch.Generator().manual_seed(distinct)
+    values = torch.randint(100_000, 200_000, (distinct,), generator=g)
+    pads = values[torch.randint(0, distinct, (600,), generator=g)]
+    input_ids = torch.randint(0, 200_000, (5000,), generator=g)
+    input_ids[torch.randint(0, 5000, (2000,), generator=g)] = values[torch.randint(0, distinct, (2000,), generator=g)]
+    mask = mm_schedule.placeholder_mask(input_ids, pads)
+    assert mask.shape == (5000, 1)
+    assert torch.equal(mask[:, 0], torch.isin(input_ids, values))
