@@ -5,8 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-v2
 
-# torch is pinned to the CPU build that lies on the development machines' disk; an
-# unpinned torch would pull a multi-GB CUDA build.
+# torch is pinned to its CPU build: an unpinned torch would pull a multi-GB CUDA build.
 TORCH      := torch==2.13.0
 DEV_PINS   := triton==3.9.0 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
