@@ -126,7 +126,7 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
     if out is not None:
         device = out.device if device is None else device
         hidden = out.shape[-1] if out.dim() == 2 else None
-    expected = Expected(hidden, device)
+    expected = Expected(hidden, None if device is None else _concrete(device))
     tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features)
     embedding = None
     if plan.n_rows:
@@ -149,6 +149,16 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
             embedding = copy_rows(plan, tensors, table, out, cache)
     acknowledge_hits(plan, context)
     return StepResult(plan, embedding)
+
+
+def _concrete(device: Any) -> Any:
+    """``device`` as tensors report theirs: ``"cuda"`` names the current GPU, ``cuda:0``."""
+    if type(device) is torch.device and (device.index is not None or device.type == "cpu"):
+        return device
+    device = torch.device(device)
+    if device.index is None and device.type not in ("cpu", "meta"):
+        device = torch.empty(0, device=device).device
+    return device
 
 
 def _promoted(dtypes: set) -> Any:

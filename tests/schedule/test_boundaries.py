@@ -317,3 +317,10 @@ def test_fused_mixed_row_offsets_follow_the_planner(backend):
     assert torch.isnan(embeds[[0, 1, 2, 7]]).all()
     with pytest.raises(InvalidItemError, match="requests 0 and 1 claim the same rows"):
         merge_chunk(torch.zeros(8, HIDDEN), reqs(1), CountingEncoder())
+
+
+@STEP
+def test_device_may_be_named_by_string(backend):
+    """``device="cpu"`` (or ``"cuda"`` for the current GPU) means what the tensors report."""
+    reqs = [RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)]
+    assert torch.equal(embed_chunk(reqs, CountingEncoder(), device="cpu").embedding, truth(1, 3))
