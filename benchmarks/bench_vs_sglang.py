@@ -17,7 +17,8 @@ Workload: R requests x 4 single-span images x 64 placeholder tokens, hidden size
 float32, every request's window covering its whole prompt. Cases: every item already
 cached (4 to 4,096 items), and every item a miss with a cheap encoder (it returns each
 item's precomputed rows, one tensor per item). Calls alternate between the sides in a
-rotating order over many repetitions, so machine noise hits all sides alike, and each
+fresh (seeded) random order every round over many repetitions, so machine noise and cache
+state left by the previous call hit all sides alike, and each
 side's median is reported: of the thread's CPU time (the ratios; with one torch thread a
 step's host work all runs there, and time spent waiting for a core shared with other
 processes is left out) and of wall-clock time. Garbage collections are counted per side
@@ -43,6 +44,7 @@ import argparse
 import gc
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -345,7 +347,9 @@ class GcCounter:
 
 def run_round(sides: list[Side], batch: Batch, shift: int, *, miss: bool, gcs: GcCounter, keep: bool) -> dict:
     results = {}
-    order = sides[shift % len(sides) :] + sides[: shift % len(sides)]
+    # A fresh order every round (seeded by the round, so runs repeat): under a fixed
+    # rotation each side always follows the same neighbour and inherits its cache state.
+    order = random.Random(shift).sample(sides, len(sides))
     for side in order:
         if miss:
             side.reset()
@@ -429,7 +433,7 @@ def report(results: list[CaseResult], env: list[str], problems: list[str]) -> st
     out += [
         "Workload: R requests x 4 single-span images x 64 placeholder tokens, hidden 64, float32,",
         "windows covering whole prompts; CPU, one torch thread. Each side's median over rounds in",
-        "which the sides alternate in a rotating order. The main measure is the thread's CPU time",
+        "which the sides run in a fresh seeded random order. The main measure is the thread's CPU time",
         "(`time.thread_time_ns`): with one torch thread all of a step's host work runs on it, and",
         "unlike wall time it does not count the time the process waits while other processes",
         "hold the cores, which on a shared machine penalises long calls more than short ones.",
