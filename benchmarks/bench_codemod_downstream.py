@@ -35,6 +35,8 @@ from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
+from _results_file import replace_section
+
 from mm_schedule.codemods.move_map import load_map
 from mm_schedule.codemods.relevance import fork_warnings
 
@@ -147,14 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      + (f"; unresolved and not flagged: {[str(u) for u in r['unexplained']]}" if r["unexplained"] else ""))
     section = "\n".join(lines) + "\n"
     print(section)
-    text = args.out.read_text() if args.out.exists() else ""
-    if SECTION in text:
-        head, _, rest = text.partition(SECTION)
-        tail = rest[rest.find("\n## ") + 1:] if "\n## " in rest else ""
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    args.out.write_text(text)
+    replace_section(args.out, section)
     return 0 if ok else 1
 
 

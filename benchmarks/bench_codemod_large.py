@@ -25,6 +25,8 @@ import tempfile
 from importlib.metadata import version
 from pathlib import Path
 
+from _results_file import replace_section
+
 RESULTS = Path(__file__).resolve().parent / "results" / "codemod.md"
 SECTION = "## Large generated file"
 TARGET_S, TARGET_MB = 10.0, 1024
@@ -135,14 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and seg.get("wall") is not None and seg["wall"] <= TARGET_S and seg["rss_mb"] <= TARGET_MB
     section = "\n".join(lines) + "\n"
     print(section)
-    text = args.out.read_text() if args.out.exists() else ""
-    if SECTION in text:
-        head, _, rest = text.partition(SECTION)
-        tail = rest[rest.find("\n## ") + 1:] if "\n## " in rest else ""
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    args.out.write_text(text)
+    replace_section(args.out, section)
     return 0 if ok else 1
 
 
