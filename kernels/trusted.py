@@ -34,9 +34,11 @@ def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], 
     device; every segment lies inside its source and ``dst``; no two segments write
     the same row. Rows are cast to ``dst``'s dtype. Nothing is checked.
 
-    A table may say it is the simplest one with an attribute ``whole_sources_rows``
-    (an int): then it is every source once, whole, in order, filling ``dst`` rows
-    ``[0, whole_sources_rows)``, and the torch path copies without reading the table.
+    A table may say it is one of the simplest ones: with a true attribute
+    ``whole_sources``, segment ``i`` is all of ``sources[i]`` (the torch path slices
+    nothing); with an attribute ``whole_sources_rows`` (an int), besides, the segments
+    fill ``dst`` rows ``[0, whole_sources_rows)`` in order, and the torch path copies
+    without reading the table.
 
     Equivalent PyTorch::
 
@@ -72,8 +74,11 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
         return dst
     columns = getattr(segments, "columns", None)
     source_of, first_row, counts, rows = columns if columns is not None else [list(c) for c in zip(*segments)]
-    views = [src if r == 0 and n == len(src) else src[r : r + n]
-             for src, r, n in zip(map(sources.__getitem__, source_of), first_row, counts)]
+    if getattr(segments, "whole_sources", False):
+        views = sources
+    else:
+        views = [src if r == 0 and n == src.shape[0] else src[r : r + n]
+                 for src, r, n in zip(map(sources.__getitem__, source_of), first_row, counts)]
     ends = list(map(add, rows, counts))
     if rows[1:] == ends[:-1]:
         first, last = rows[0], ends[-1]

@@ -13,13 +13,16 @@ from .plan import StepPlan
 
 class SegmentTable:
     """A plan's segments as ``(source, src_row, n_rows, dst_row)`` rows, read straight
-    from its columns (no tuple is kept per segment). ``whole_sources_rows`` is set when
-    the table is every source once, whole, in order from row 0 (see ``copy_segments``)."""
+    from its columns (no tuple is kept per segment). ``whole_sources`` is set when segment
+    ``i`` is source ``i``, whole; ``whole_sources_rows`` when, besides, the segments fill
+    the destination in order from row 0 (see ``copy_segments``)."""
 
-    __slots__ = ("_columns", "whole_sources_rows")
+    __slots__ = ("_columns", "whole_sources", "whole_sources_rows")
 
-    def __init__(self, source, src_row, n_rows, dst_row, whole_sources_rows: int | None = None) -> None:
+    def __init__(self, source, src_row, n_rows, dst_row, whole_sources_rows: int | None = None,
+                 whole_sources: bool = False) -> None:
         self._columns = (source, src_row, n_rows, dst_row)
+        self.whole_sources = whole_sources or whole_sources_rows is not None
         self.whole_sources_rows = whole_sources_rows
 
     @property
@@ -38,20 +41,22 @@ class SegmentTable:
         return s[i], r[i], n[i], d[i]
 
 
-def packed_table(plan: StepPlan) -> SegmentTable:
+def _whole_sources(plan: StepPlan) -> bool:
     # One segment per source, as many rows as the sources hold and sources in segment
     # order: then every segment is a whole source (the usual all-cached step). All three
     # tests run in C, far cheaper than reading the table row by row.
     n = len(plan.rows)
-    whole = (
-        len(plan.seg_source) == n and plan.n_rows == sum(plan.rows) and list(plan.seg_source) == list(range(n))
-    )
+    return len(plan.seg_source) == n and plan.n_rows == sum(plan.rows) and list(plan.seg_source) == list(range(n))
+
+
+def packed_table(plan: StepPlan) -> SegmentTable:
     return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_packed_row,
-                        plan.n_rows if whole else None)
+                        plan.n_rows if _whole_sources(plan) else None)
 
 
 def fused_table(plan: StepPlan) -> SegmentTable:
-    return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_token_row)
+    return SegmentTable(plan.seg_source, plan.seg_src_row, plan.seg_rows, plan.seg_token_row,
+                        whole_sources=_whole_sources(plan))
 
 
 def one_dtype(tensors: Sequence[Any], target: Any) -> list[Any]:

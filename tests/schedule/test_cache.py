@@ -148,3 +148,35 @@ def test_insert_many_leaves_the_cache_as_one_insert_at_a_time_would(seed):
         assert batched.stats().bytes <= budget
         for k in list(single._entries):
             assert torch.equal(batched.lookup(k), single.lookup(k))
+
+
+@pytest.mark.parametrize("looked_up", [(1, 2), (2, 1), (1, 2, 4), (1, 3)])
+def test_lookup_many_returns_counts_and_refreshes_like_single_lookups(looked_up):
+    """All hits with the right rows, a miss among them, or a row-count mismatch: the
+    tensors, the stats and the recency order are what one lookup per key leaves."""
+    def filled():
+        cache = EmbeddingCache(3 * ROW + 2 * ROW)
+        for k, n in ((1, 1), (2, 1), (3, 3)):
+            cache.insert(k, rows(n, float(k)))
+        return cache
+
+    want_rows = {1: 1, 2: 1, 3: 2, 4: 1}  # key 3 is cached with 3 rows: a mismatch, discarded
+    many, one = filled(), filled()
+    got, layout = many.lookup_many(list(looked_up), [want_rows[k] for k in looked_up])
+    want = []
+    for k in looked_up:
+        t = one.lookup(k)
+        if t is not None and t.shape[0] != want_rows[k]:
+            one.discard(k)
+            t = None
+        want.append(t)
+    assert [g is None for g in got] == [w is None for w in want]
+    assert all(g is None or torch.equal(g, w) for g, w in zip(got, want))
+    assert layout == (4, torch.float32, torch.device("cpu"))
+    s_many = many.stats()
+    served = sum(w is not None for w in want)
+    assert (s_many.hits, s_many.misses, s_many.entries) == (served, len(want) - served, one.stats().entries)
+    # Recency: the next insert that needs room evicts the same (least recent) key in both.
+    for cache in (many, one):
+        cache.insert(5, rows(2, 5.0))
+    assert [k for k in (1, 2, 3, 5) if many.contains(k)] == [k for k in (1, 2, 3, 5) if one.contains(k)]

@@ -90,3 +90,26 @@ def test_whole_sources_hint_copies_the_same_rows(backend):
     dst = torch.full((11, 8), float("nan"))
     copy_segments(sources, table, dst)
     assert torch.equal(dst[:9], torch.cat(sources)) and torch.isnan(dst[9:]).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+def test_whole_sources_hint_with_gaps_leaves_the_gaps_alone(backend):
+    """A table that declares every segment its own source, whole, with rows of ``dst``
+    between the segments: each source lands at its row, every other row keeps its poison."""
+    from mm_schedule.assemble import SegmentTable
+
+    gen = torch.Generator().manual_seed(random.randrange(2**31))
+    counts = [int(c) for c in torch.randint(1, 6, (5,), generator=gen)]
+    gaps = [int(g) for g in torch.randint(0, 3, (5,), generator=gen)]
+    sources = [torch.randn(n, 8, generator=gen) for n in counts]
+    starts, row = [], 1
+    for n, g in zip(counts, gaps):
+        starts.append(row)
+        row += n + g
+    table = SegmentTable(list(range(5)), [0] * 5, counts, starts, whole_sources=True)
+    dst = torch.full((row + 1, 8), float("nan"))
+    want = dst.clone()
+    for src, d in zip(sources, starts):
+        want[d : d + src.shape[0]] = src
+    copy_segments(sources, table, dst)
+    assert torch.equal(dst.nan_to_num(), want.nan_to_num()) and torch.equal(dst.isnan(), want.isnan())
