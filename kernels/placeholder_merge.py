@@ -328,25 +328,11 @@ def merge_by_placeholder_ids(
             f"embeddings must be [rows, hidden], got shape {tuple(embeddings.shape)}"
         )
     _check_common(input_ids, embeddings, input_embeds, [])
-    flat_ids = input_ids.reshape(-1)
-    if check:
-        _check_values(placeholder_mask(flat_ids, placeholder_ids), flat_ids, embeddings, None)
-    if flat_ids.numel() == 0:
-        return input_embeds
-    if select_backend(input_embeds.device) == "torch":
-        return merge_by_placeholder_ids_ref(input_ids, placeholder_ids, embeddings, input_embeds)
-    mask = placeholder_mask(flat_ids, placeholder_ids)
-    _launch(
-        input_ids=flat_ids,
-        mask=mask,
-        counts=_placeholder_counts(mask),
-        weight=None,
-        embeddings=embeddings,
-        out=input_embeds,
-        lookup_text=False,
+    return _merge(
+        input_ids, placeholder_ids, embeddings, input_embeds, weight=None, check=check,
         config=config,
-    )
-    return input_embeds
+        reference=lambda: merge_by_placeholder_ids_ref(input_ids, placeholder_ids, embeddings, input_embeds),
+    )  # fmt: skip
 
 
 def embed_with_placeholders(
@@ -382,16 +368,27 @@ def embed_with_placeholders(
             (*input_ids.shape, weight.shape[1]), dtype=weight.dtype, device=weight.device
         )
     _check_common(input_ids, embeddings, out, [("weight", weight)])
+    return _merge(
+        input_ids, placeholder_ids, embeddings, out, weight=weight, check=check, config=config,
+        reference=lambda: embed_with_placeholders_ref(input_ids, weight, embeddings, placeholder_ids, out),
+    )  # fmt: skip
+
+
+def _merge(input_ids, placeholder_ids, embeddings, out, *, weight, check, config, reference):
+    """The two entry points' shared tail: optional value checks, then the torch reference
+    or one launch (with ``weight``, text rows are looked up too). The mask is built once."""
     flat_ids = input_ids.reshape(-1)
+    mask = None
     if check:
-        _check_values(
-            placeholder_mask(flat_ids, placeholder_ids), flat_ids, embeddings, weight.shape[0]
-        )
+        mask = placeholder_mask(flat_ids, placeholder_ids)
+        vocab = None if weight is None else weight.shape[0]
+        _check_values(mask, flat_ids, embeddings, vocab)
     if flat_ids.numel() == 0:
         return out
     if select_backend(out.device) == "torch":
-        return embed_with_placeholders_ref(input_ids, weight, embeddings, placeholder_ids, out)
-    mask = placeholder_mask(flat_ids, placeholder_ids)
+        return reference()
+    if mask is None:
+        mask = placeholder_mask(flat_ids, placeholder_ids)
     _launch(
         input_ids=flat_ids,
         mask=mask,
@@ -399,7 +396,7 @@ def embed_with_placeholders(
         weight=weight,
         embeddings=embeddings,
         out=out,
-        lookup_text=True,
+        lookup_text=weight is not None,
         config=config,
     )
     return out
