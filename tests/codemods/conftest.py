@@ -48,6 +48,26 @@ def map_file(tmp_path):
     return path
 
 
+@pytest.fixture
+def cli_main():
+    """The CLI in this process with a given map file, one worker."""
+    from mm_schedule.codemods import cli
+
+    def run(*args, map_file):
+        return cli.main([*map(str, args), "--map", str(map_file), "-j", "1"])
+
+    return run
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    """An empty folder, the working folder for the test."""
+    root = tmp_path / "tree"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    return root
+
+
 def _run(source: str, move_map: MoveMap, package: str | None = "app"):
     """(new source text, findings) for dedented ``source``."""
     outcome = migrate_source(textwrap.dedent(source), move_map, package=package, path="t.py")

@@ -35,50 +35,46 @@ def project(tmp_path, monkeypatch):
     return root
 
 
-def _main(*args, map_file):
-    return cli.main([*map(str, args), "--map", str(map_file), "-j", "1"])
-
-
-def test_check_writes_nothing_and_exits_1_when_work_remains(project, map_file, capsys):
+def test_check_writes_nothing_and_exits_1_when_work_remains(project, map_file, capsys, cli_main):
     before = (project / "pkg" / "a.py").read_bytes()
-    assert _main("--check", ".", map_file=map_file) == 1
+    assert cli_main("--check", ".", map_file=map_file) == 1
     assert (project / "pkg" / "a.py").read_bytes() == before
     out = capsys.readouterr().out
     assert "pkg/a.py:1:" in out and "MMS001" in out
     assert "pkg/b.py" not in out  # relative import of the project's own mm_utils
 
 
-def test_check_exits_0_on_a_clean_tree(project, map_file):
+def test_check_exits_0_on_a_clean_tree(project, map_file, cli_main):
     (project / "pkg" / "a.py").write_text(MOVED)
-    assert _main("--check", ".", map_file=map_file) == 0
+    assert cli_main("--check", ".", map_file=map_file) == 0
 
 
-def test_write_applies_keeps_mode_and_a_second_run_is_clean(project, map_file):
+def test_write_applies_keeps_mode_and_a_second_run_is_clean(project, map_file, cli_main):
     target = project / "pkg" / "a.py"
     target.chmod(0o640)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_text() == MOVED
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert _main("--check", ".", map_file=map_file) == 0
+    assert cli_main("--check", ".", map_file=map_file) == 0
     assert not list(project.rglob("*.mmtmp"))
 
 
-def test_write_exits_1_while_manual_findings_remain(project, map_file):
+def test_write_exits_1_while_manual_findings_remain(project, map_file, cli_main):
     (project / "t.py").write_text(MANUAL)
-    assert _main("--write", ".", map_file=map_file) == 1
+    assert cli_main("--write", ".", map_file=map_file) == 1
     assert (project / "t.py").read_text() == MANUAL
 
 
-def test_unparsable_file_is_listed_skipped_and_exit_is_2(project, map_file, capsys):
+def test_unparsable_file_is_listed_skipped_and_exit_is_2(project, map_file, capsys, cli_main):
     (project / "broken.py").write_text("from sglang.srt.managers.mm_utils import (\n")
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     assert (project / "pkg" / "a.py").read_text() == MOVED  # the run went on
     err = capsys.readouterr().err
     assert "broken.py: cannot parse" in err
 
 
 def test_interrupt_during_writes_exits_130_with_each_file_old_or_new(project, map_file,
-                                                                     monkeypatch):
+                                                                     monkeypatch, cli_main):
     for i in range(4):
         (project / f"m{i}.py").write_text(MOVING)
     real_rename = os.rename
@@ -91,7 +87,7 @@ def test_interrupt_during_writes_exits_130_with_each_file_old_or_new(project, ma
         real_rename(*args, **kwargs)
 
     monkeypatch.setattr(os, "rename", interrupted_on_second)
-    assert _main("--write", ".", map_file=map_file) == 130
+    assert cli_main("--write", ".", map_file=map_file) == 130
     contents = [p.read_text() for p in [project / "pkg" / "a.py", *project.glob("m*.py")]]
     assert all(c in (MOVING, MOVED) for c in contents)
     assert contents.count(MOVED) == 1
@@ -100,12 +96,12 @@ def test_interrupt_during_writes_exits_130_with_each_file_old_or_new(project, ma
          "m0.py", "m1.py", "m2.py", "m3.py"])
 
 
-def test_diff_is_accepted_by_git_apply(project, map_file, capsys):
+def test_diff_is_accepted_by_git_apply(project, map_file, capsys, cli_main):
     if shutil.which("git") is None:
         pytest.skip("git not installed")
     (project / "nonl.py").write_text(MOVING.rstrip("\n"))
     subprocess.run(["git", "init", "-q"], cwd=project, check=True)
-    assert _main("--diff", ".", map_file=map_file) == 1
+    assert cli_main("--diff", ".", map_file=map_file) == 1
     patch = capsys.readouterr().out
     assert patch.startswith("diff --git a/")
     assert (project / "pkg" / "a.py").read_text() == MOVING
@@ -115,10 +111,10 @@ def test_diff_is_accepted_by_git_apply(project, map_file, capsys):
     assert (project / "pkg" / "a.py").read_text() == MOVED
 
 
-def test_json_report_schema(project, map_file):
+def test_json_report_schema(project, map_file, cli_main):
     (project / "t.py").write_text(MANUAL)
     report = project / "report.json"
-    assert _main(".", "--json", report, map_file=map_file) == 1
+    assert cli_main(".", "--json", report, map_file=map_file) == 1
     doc = json.loads(report.read_text())
     assert doc["mode"] == "check" and doc["schema_version"] == 2
     assert set(doc["summary"]) >= {"files_scanned", "files_changed", "files_would_change",
@@ -136,14 +132,14 @@ def test_json_report_schema(project, map_file):
 
 
 def test_gitignore_and_real_venvs_are_skipped_but_packages_named_env_or_build_are_not(
-        project, map_file):
+        project, map_file, cli_main):
     for folder in ("ignored", ".venv", "build", "env", "myenv", "keep"):
         (project / folder).mkdir()
         (project / folder / "x.py").write_text(MOVING)
     (project / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")
     (project / ".gitignore").write_text("ignored/\n*.gen.py\n")
     (project / "y.gen.py").write_text(MOVING)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     for path in ("keep/x.py", "build/x.py", "env/x.py"):
         assert (project / path).read_text() == MOVED, path
     for path in ("ignored/x.py", ".venv/x.py", "myenv/x.py", "y.gen.py"):
@@ -183,7 +179,7 @@ def test_module_entry_point_runs_without_torch(project, map_file):
     assert "MMS001" in proc.stdout
 
 
-def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, monkeypatch, capsys):
+def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, monkeypatch, capsys, cli_main):
     real = cli.migrate_source
 
     def flaky(source, move_map, *, path, package, gate):
@@ -193,7 +189,7 @@ def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, 
 
     monkeypatch.setattr(cli, "migrate_source", flaky)
     (project / "c.py").write_text(MOVING)
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     assert (project / "c.py").read_text() == MOVED
     assert (project / "pkg" / "a.py").read_text() == MOVING
     assert "pkg/a.py: internal error (RuntimeError: boom); file left as is" in capsys.readouterr().err

@@ -9,25 +9,11 @@ import os
 
 import pytest
 
-from mm_schedule.codemods import cli
-
 MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
 MOVED = (
     "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
     "from sglang.srt.managers.mm_utils import hash_feature\n"
 )
-
-
-def _main(*args, map_file):
-    return cli.main([*map(str, args), "--map", str(map_file), "-j", "1"])
-
-
-@pytest.fixture
-def tree(tmp_path, monkeypatch):
-    root = tmp_path / "tree"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    return root
 
 
 def _put(root, *paths):
@@ -40,7 +26,7 @@ def _migrated(root, *paths):
     return {p: (root / p).read_text() == MOVED for p in paths}
 
 
-def test_nested_gitignores_negations_and_info_exclude(tree, map_file, capsys):
+def test_nested_gitignores_negations_and_info_exclude(tree, map_file, capsys, cli_main):
     (tree / ".git" / "info").mkdir(parents=True)
     (tree / ".git" / "info" / "exclude").write_text("secret/\n")
     (tree / ".gitignore").write_text("*.gen.py\n/top_only.py\nlogs/\n")
@@ -50,7 +36,7 @@ def test_nested_gitignores_negations_and_info_exclude(tree, map_file, capsys):
              "sub/drop.gen.py", "sub/top_only.py", "sub/local.py", "sub/deeper/local.py",
              "plain.py"]
     _put(tree, *files)
-    assert _main("--write", "-v", ".", map_file=map_file) == 0
+    assert cli_main("--write", "-v", ".", map_file=map_file) == 0
     assert _migrated(tree, *files) == {
         "a.gen.py": False, "top_only.py": False, "logs/x.py": False, "secret/x.py": False,
         "sub/keep.gen.py": True, "sub/drop.gen.py": False, "sub/top_only.py": True,
@@ -62,12 +48,12 @@ def test_nested_gitignores_negations_and_info_exclude(tree, map_file, capsys):
     assert ".git: skipped, tool or cache folder\n" in err
 
 
-def test_virtual_environments_are_recognised_by_pyvenv_cfg_not_by_name(tree, map_file, capsys):
+def test_virtual_environments_are_recognised_by_pyvenv_cfg_not_by_name(tree, map_file, capsys, cli_main):
     _put(tree, "env/__init__.py", "build/x.py", "venv/x.py", "dist/x.py", "anything/x.py",
          "conda/x.py", "node_modules/x.py")
     (tree / "anything" / "pyvenv.cfg").write_text("home = /usr/bin\n")
     (tree / "conda" / "conda-meta").mkdir()
-    assert _main("--write", "-v", ".", map_file=map_file) == 0
+    assert cli_main("--write", "-v", ".", map_file=map_file) == 0
     assert _migrated(tree, "env/__init__.py", "build/x.py", "venv/x.py", "dist/x.py",
                      "anything/x.py", "conda/x.py", "node_modules/x.py") == {
         "env/__init__.py": True, "build/x.py": True, "venv/x.py": True, "dist/x.py": True,
@@ -76,19 +62,19 @@ def test_virtual_environments_are_recognised_by_pyvenv_cfg_not_by_name(tree, map
     err = capsys.readouterr().err
     assert "anything: skipped, virtual environment\n" in err.splitlines(keepends=True)
     report = tree.parent / "r.json"
-    assert _main(".", "--json", report, map_file=map_file) == 0  # without -v too
+    assert cli_main(".", "--json", report, map_file=map_file) == 0  # without -v too
     skipped = json.loads(report.read_text())["skipped"]
     assert {"path": "anything", "reason": "virtual environment"} in skipped
     assert {"path": "conda", "reason": "virtual environment"} in skipped
 
 
-def test_excludes_from_pyproject_and_the_command_line(tree, map_file, capsys):
+def test_excludes_from_pyproject_and_the_command_line(tree, map_file, capsys, cli_main):
     (tree / "pyproject.toml").write_text(
         '[project]\nname = "x"\n\n[tool.mm-schedule-codemod]\n'
         'extend-exclude = ["generated", "pkg/legacy/*.py"]\n')
     files = ["generated/x.py", "pkg/legacy/old.py", "pkg/new.py", "pkg/x_pb2.py", "keep.py"]
     _put(tree, *files)
-    assert _main("--write", "-v", ".", "--extend-exclude", "*_pb2.py", map_file=map_file) == 0
+    assert cli_main("--write", "-v", ".", "--extend-exclude", "*_pb2.py", map_file=map_file) == 0
     assert _migrated(tree, *files) == {
         "generated/x.py": False, "pkg/legacy/old.py": False, "pkg/new.py": True,
         "pkg/x_pb2.py": False, "keep.py": True,
@@ -99,56 +85,56 @@ def test_excludes_from_pyproject_and_the_command_line(tree, map_file, capsys):
     assert "matches exclude pattern '*_pb2.py'" in err
 
 
-def test_the_config_of_a_path_is_found_upwards_from_it(tree, map_file):
+def test_the_config_of_a_path_is_found_upwards_from_it(tree, map_file, cli_main):
     project = tree / "project"
     (project / "src").mkdir(parents=True)
     (tree / "pyproject.toml").write_text('[project]\nname = "outer"\n')  # no table: passed over
     (project / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nexclude = ["skipme"]\n')
     _put(tree, "project/src/skipme/x.py", "project/src/a.py", "project/.tox/x.py")
-    assert _main("--write", "project/src", map_file=map_file) == 0
+    assert cli_main("--write", "project/src", map_file=map_file) == 0
     # exclude replaces the built-in list: .tox is no longer skipped by name (but src is
     # what was walked, so it is not reached here).
     assert _migrated(tree, "project/src/skipme/x.py", "project/src/a.py") == {
         "project/src/skipme/x.py": False, "project/src/a.py": True}
-    assert _main("--write", "project", map_file=map_file) == 0
+    assert cli_main("--write", "project", map_file=map_file) == 0
     assert (tree / "project/.tox/x.py").read_text() == MOVED
 
 
-def test_explicit_files_are_processed_unless_force_exclude(tree, map_file):
+def test_explicit_files_are_processed_unless_force_exclude(tree, map_file, cli_main):
     (tree / ".gitignore").write_text("ignored.py\n")
     _put(tree, "ignored.py", "gen/x.py")
-    assert _main("--write", "ignored.py", "gen/x.py", "--extend-exclude", "gen",
+    assert cli_main("--write", "ignored.py", "gen/x.py", "--extend-exclude", "gen",
                  "--force-exclude", map_file=map_file) == 0
     assert _migrated(tree, "ignored.py", "gen/x.py") == {"ignored.py": True, "gen/x.py": False}
-    assert _main("--write", "gen/x.py", "--extend-exclude", "gen", map_file=map_file) == 0
+    assert cli_main("--write", "gen/x.py", "--extend-exclude", "gen", map_file=map_file) == 0
     assert (tree / "gen/x.py").read_text() == MOVED
 
 
-def test_a_missing_path_is_reported_and_the_rest_still_runs(tree, map_file, capsys):
+def test_a_missing_path_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
     _put(tree, "a.py")
-    assert _main("--write", "nope.py", "a.py", map_file=map_file) == 2
+    assert cli_main("--write", "nope.py", "a.py", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
     assert "nope.py: no such file or folder" in capsys.readouterr().err
 
 
-def test_an_empty_path_argument_is_refused(tree, map_file, capsys):
+def test_an_empty_path_argument_is_refused(tree, map_file, capsys, cli_main):
     _put(tree, "a.py")
-    assert _main("--write", "", map_file=map_file) == 3
+    assert cli_main("--write", "", map_file=map_file) == 3
     assert (tree / "a.py").read_text() == MOVING
     assert "empty path argument" in capsys.readouterr().err
 
 
-def test_symlink_loops_are_reported_and_the_rest_still_runs(tree, map_file, capsys):
+def test_symlink_loops_are_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
     _put(tree, "a.py")
     os.symlink("loop.py", tree / "loop.py")
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
     assert "loop.py: symlink loop (the link points back to itself)" in capsys.readouterr().err
-    assert _main("--check", "loop.py", map_file=map_file) == 2
+    assert cli_main("--check", "loop.py", map_file=map_file) == 2
     assert "loop.py: symlink loop" in capsys.readouterr().err
 
 
-def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file, capsys):
+def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
     _put(tree, "a.py", "closed/b.py")
     os.chmod(tree / "closed", 0)
     try:
@@ -157,19 +143,19 @@ def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file
             pytest.skip("this user reads folders whatever their mode (root)")
         except PermissionError:
             pass
-        assert _main("--write", ".", map_file=map_file) == 2
+        assert cli_main("--write", ".", map_file=map_file) == 2
     finally:
         os.chmod(tree / "closed", 0o755)
     assert (tree / "a.py").read_text() == MOVED
     assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err
 
 
-def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_file, capsys):
+def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
     _put(tree, "a.py")
     bad = os.fsdecode(b"bad\xff.py")
     (tree / bad).write_text(MOVING)
     report = tree.parent / "r.json"
-    assert _main("--write", ".", "--json", report, map_file=map_file) == 2
+    assert cli_main("--write", ".", "--json", report, map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
     assert (tree / bad).read_text() == MOVING
     err = capsys.readouterr().err
@@ -180,7 +166,7 @@ def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_
 
 
 def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file, monkeypatch,
-                                                                  capsys):
+                                                                  capsys, cli_main):
     """The same path as above where permissions cannot deny root: listing fails."""
     from mm_schedule.codemods import discovery
 
@@ -193,27 +179,27 @@ def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file
         return real_scandir(path)
 
     monkeypatch.setattr(discovery.os, "scandir", scandir)
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
     assert (tree / "closed/b.py").read_text() == MOVING
     assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err
 
 
-def test_a_nested_project_uses_its_own_table_below_it(tree, map_file):
+def test_a_nested_project_uses_its_own_table_below_it(tree, map_file, cli_main):
     (tree / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nextend-exclude = ["old"]\n')
     (tree / "sub").mkdir()
     (tree / "sub" / "pyproject.toml").write_text(
         '[tool.mm-schedule-codemod]\nextend-exclude = ["fixtures/*.py"]\n')
     files = ["old/x.py", "fixtures/x.py", "sub/old/x.py", "sub/fixtures/x.py", "sub/fixtures/y/z.py"]
     _put(tree, *files)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert _migrated(tree, *files) == {
         "old/x.py": False, "fixtures/x.py": True,  # the outer table
         "sub/old/x.py": True, "sub/fixtures/x.py": False, "sub/fixtures/y/z.py": True,  # the inner
     }
 
 
-def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypatch, capsys):
+def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypatch, capsys, cli_main):
     home = tree.parent / "home"
     home.mkdir()
     (home / "global-ignore").write_text("scratch_*.py\n")
@@ -222,16 +208,16 @@ def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypa
     (tree / ".git").mkdir()
     (tree / ".gitignore").write_text("!scratch_keep.py\n")  # a repository rule wins
     _put(tree, "scratch_a.py", "scratch_keep.py", "main.py")
-    assert _main("--write", "-v", ".", map_file=map_file) == 0
+    assert cli_main("--write", "-v", ".", map_file=map_file) == 0
     assert _migrated(tree, "scratch_a.py", "scratch_keep.py", "main.py") == {
         "scratch_a.py": False, "scratch_keep.py": True, "main.py": True}
     assert f"scratch_a.py: skipped, ignored by {home / 'global-ignore'}" in capsys.readouterr().err
 
 
-def test_gitignore_can_be_turned_off(tree, map_file):
+def test_gitignore_can_be_turned_off(tree, map_file, cli_main):
     (tree / ".gitignore").write_text("ignored.py\n")
     _put(tree, "ignored.py")
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert (tree / "ignored.py").read_text() == MOVING
-    assert _main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
+    assert cli_main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
     assert (tree / "ignored.py").read_text() == MOVED

@@ -20,24 +20,12 @@ MOVING = IMPORT + b"\n"
 MOVED = b"\n".join(SPLIT) + b"\n"
 
 
-def _main(*args, map_file):
-    return cli.main([*map(str, args), "--map", str(map_file), "-j", "1"])
-
-
-@pytest.fixture
-def tree(tmp_path, monkeypatch):
-    root = tmp_path / "tree"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    return root
-
-
 def _names(folder):
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*"))
 
 
 def test_symlinks_write_their_target_once_and_links_out_of_the_tree_are_left(
-        tree, tmp_path, map_file, capsys):
+        tree, tmp_path, map_file, capsys, cli_main):
     (tree / "real.py").write_bytes(MOVING)
     (tree / "sub").mkdir()
     for link in ("l1.py", "l2.py"):
@@ -50,7 +38,7 @@ def test_symlinks_write_their_target_once_and_links_out_of_the_tree_are_left(
     os.symlink(outside, tree / "linked_folder")
 
     report = tmp_path / "r.json"
-    assert _main("--write", "-v", ".", "--json", report, map_file=map_file) == 0
+    assert cli_main("--write", "-v", ".", "--json", report, map_file=map_file) == 0
     assert (tree / "real.py").read_bytes() == MOVED
     assert all(os.path.islink(tree / name) for name in ("l1.py", "l2.py", "sub/l3.py", "lout.py"))
     assert (outside / "out.py").read_bytes() == MOVING
@@ -62,12 +50,12 @@ def test_symlinks_write_their_target_once_and_links_out_of_the_tree_are_left(
     assert "linked_folder: skipped, symlinked folder (not followed)" in err
 
     # Named on the command line, a link out of the tree is followed: its target is written.
-    assert _main("--write", "lout.py", map_file=map_file) == 0
+    assert cli_main("--write", "lout.py", map_file=map_file) == 0
     assert (outside / "out.py").read_bytes() == MOVED
     assert os.path.islink(tree / "lout.py")
 
 
-def test_hard_links_owner_group_mode_and_attributes_are_kept(tree, tmp_path, map_file):
+def test_hard_links_owner_group_mode_and_attributes_are_kept(tree, tmp_path, map_file, cli_main):
     linked = tree / "linked.py"
     linked.write_bytes(MOVING)
     other_name = tmp_path / "elsewhere.py"  # a second name for the same file, not walked
@@ -83,7 +71,7 @@ def test_hard_links_owner_group_mode_and_attributes_are_kept(tree, tmp_path, map
         has_xattr = False
     inode = linked.stat().st_ino
 
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert linked.read_bytes() == MOVED and other_name.read_bytes() == MOVED
     assert linked.stat().st_ino == inode and linked.stat().st_nlink == 2
     info = owned.stat()
@@ -106,13 +94,13 @@ def test_hard_links_owner_group_mode_and_attributes_are_kept(tree, tmp_path, map
     ],
     ids=["crlf", "lone-cr", "form-feed", "bom-u2028-no-final-newline"],
 )
-def test_line_endings_and_odd_bytes_are_kept(tree, map_file, before, after):
+def test_line_endings_and_odd_bytes_are_kept(tree, map_file, before, after, cli_main):
     (tree / "f.py").write_bytes(before)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert (tree / "f.py").read_bytes() == after
 
 
-def test_an_edit_made_during_the_run_is_kept_and_migrated(tree, map_file, monkeypatch):
+def test_an_edit_made_during_the_run_is_kept_and_migrated(tree, map_file, monkeypatch, cli_main):
     target = tree / "a.py"
     target.write_bytes(MOVING)
     real_replace = cli.replace
@@ -126,12 +114,12 @@ def test_an_edit_made_during_the_run_is_kept_and_migrated(tree, map_file, monkey
         return real_replace(snapshot, data, guard)
 
     monkeypatch.setattr(cli, "replace", edit_first)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_bytes() == MOVED + b"USER_EDIT = 1\n"
 
 
 def test_a_file_that_keeps_changing_is_left_with_the_users_content(tree, map_file, monkeypatch,
-                                                                   capsys):
+                                                                   capsys, cli_main):
     target = tree / "a.py"
     target.write_bytes(MOVING)
     (tree / "b.py").write_bytes(MOVING)
@@ -145,7 +133,7 @@ def test_a_file_that_keeps_changing_is_left_with_the_users_content(tree, map_fil
 
     monkeypatch.setattr(cli, "replace", always_edit)
     report = tree.parent / "r.json"
-    assert _main("--write", ".", "--json", report, map_file=map_file) == 2
+    assert cli_main("--write", ".", "--json", report, map_file=map_file) == 2
     assert target.read_bytes() == MOVING + b"# edited\n# edited\n"
     assert (tree / "b.py").read_bytes() == MOVED
     doc = json.loads(report.read_text())
@@ -164,14 +152,14 @@ def _chattr(flag, path):
         pytest.skip(f"cannot make files immutable here: {proc.stderr.decode().strip()}")
 
 
-def test_a_file_that_cannot_be_written_is_an_error_not_fixed(tree, map_file, capsys):
+def test_a_file_that_cannot_be_written_is_an_error_not_fixed(tree, map_file, capsys, cli_main):
     locked = tree / "locked.py"
     locked.write_bytes(MOVING)
     (tree / "free.py").write_bytes(MOVING)
     _chattr("+i", locked)  # immutable: even root cannot replace or write it
     try:
         report = tree.parent / "r.json"
-        assert _main("--write", ".", "--json", report, map_file=map_file) == 2
+        assert cli_main("--write", ".", "--json", report, map_file=map_file) == 2
     finally:
         subprocess.run(["chattr", "-i", str(locked)], check=True)
     assert locked.read_bytes() == MOVING
@@ -185,7 +173,7 @@ def test_a_file_that_cannot_be_written_is_an_error_not_fixed(tree, map_file, cap
     assert _names(tree) == ["free.py", "locked.py"]
 
 
-def test_a_read_only_folder_with_a_writable_file_is_written_in_place(tree, map_file):
+def test_a_read_only_folder_with_a_writable_file_is_written_in_place(tree, map_file, cli_main):
     folder = tree / "frozen"
     folder.mkdir()
     target = folder / "a.py"
@@ -193,7 +181,7 @@ def test_a_read_only_folder_with_a_writable_file_is_written_in_place(tree, map_f
     inode = target.stat().st_ino
     _chattr("+i", folder)  # no new names in the folder: no temporary file, no rename
     try:
-        assert _main("--write", ".", map_file=map_file) == 0
+        assert cli_main("--write", ".", map_file=map_file) == 0
     finally:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
     assert target.read_bytes() == MOVED and target.stat().st_ino == inode
@@ -201,7 +189,7 @@ def test_a_read_only_folder_with_a_writable_file_is_written_in_place(tree, map_f
 
 
 def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, map_file,
-                                                                         monkeypatch, capsys):
+                                                                         monkeypatch, capsys, cli_main):
     import time
 
     real = cli.migrate_source
@@ -214,13 +202,13 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
     monkeypatch.setattr(cli, "migrate_source", hangs_on_slow)
     (tree / "slow.py").write_bytes(MOVING)
     (tree / "fast.py").write_bytes(MOVING)
-    assert _main("--write", ".", "--timeout", "2", map_file=map_file) == 2
+    assert cli_main("--write", ".", "--timeout", "2", map_file=map_file) == 2
     assert (tree / "slow.py").read_bytes() == MOVING
     assert (tree / "fast.py").read_bytes() == MOVED
     assert "slow.py: took longer than 2 s; file left as is" in capsys.readouterr().err
 
 
-def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch):
+def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch, cli_main):
     """What a user who is not root meets with a group-writable file of someone else:
     a new inode could not be given the old owner, so the old inode is rewritten."""
     from mm_schedule.codemods import writing
@@ -233,6 +221,6 @@ def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_fi
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(writing.os, "fchown", refuse)
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_bytes() == MOVED and target.stat().st_ino == inode
     assert _names(tree) == ["theirs.py"]

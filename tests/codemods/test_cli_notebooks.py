@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from mm_schedule.codemods import cli
-
 
 def _notebook(cells, *, indent=1, language="python"):
     doc = {
@@ -36,23 +32,11 @@ CELLS = [
 ]
 
 
-@pytest.fixture
-def tree(tmp_path, monkeypatch):
-    root = tmp_path / "tree"
-    root.mkdir()
-    monkeypatch.chdir(root)
-    return root
-
-
-def _main(*args, map_file):
-    return cli.main([*map(str, args), "--map", str(map_file), "-j", "1"])
-
-
-def test_a_notebook_is_migrated_cell_by_cell_with_its_layout_kept(tree, map_file, capsys):
+def test_a_notebook_is_migrated_cell_by_cell_with_its_layout_kept(tree, map_file, capsys, cli_main):
     path = tree / "demo.ipynb"
     before = _notebook(CELLS)
     path.write_text(before, encoding="utf-8")
-    assert _main("--write", ".", map_file=map_file) == 0
+    assert cli_main("--write", ".", map_file=map_file) == 0
     after = path.read_text(encoding="utf-8")
     cells = json.loads(after)["cells"]
     assert cells[0] == json.loads(before)["cells"][0]  # markdown untouched
@@ -73,34 +57,34 @@ def test_a_notebook_is_migrated_cell_by_cell_with_its_layout_kept(tree, map_file
     assert "é" in after  # not escaped: the file's own choice is kept
     out = capsys.readouterr().out
     assert "demo.ipynb:cell 2:3:" in out and "demo.ipynb:cell 4:3:" in out, out
-    assert _main("--check", ".", map_file=map_file) == 0  # idempotent
+    assert cli_main("--check", ".", map_file=map_file) == 0  # idempotent
 
 
-def test_notebook_findings_in_json_carry_the_cell(tree, map_file):
+def test_notebook_findings_in_json_carry_the_cell(tree, map_file, cli_main):
     (tree / "demo.ipynb").write_text(_notebook(CELLS, indent=2))
     report = tree.parent / "r.json"
-    assert _main(".", "--json", report, map_file=map_file) == 1
+    assert cli_main(".", "--json", report, map_file=map_file) == 1
     doc = json.loads(report.read_text())
     assert {(f["path"], f["cell"]) for f in doc["findings"]} == {("demo.ipynb", 2),
                                                                ("demo.ipynb", 4)}
     assert doc["would_change_files"] == ["demo.ipynb"]
 
 
-def test_a_notebook_whose_layout_cannot_be_kept_is_reported_not_written(tree, map_file, capsys):
+def test_a_notebook_whose_layout_cannot_be_kept_is_reported_not_written(tree, map_file, capsys, cli_main):
     text = _notebook(CELLS).replace('\n "nbformat"', '\n    "nbformat"')  # hand-edited spacing
     (tree / "odd.ipynb").write_text(text, encoding="utf-8")
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "odd.ipynb").read_text(encoding="utf-8") == text
     out, err = capsys.readouterr()
     assert "odd.ipynb: its JSON layout cannot be reproduced; not written" in err
     assert "odd.ipynb:cell 2:3:" in out and "[fixable]" in out
 
 
-def test_an_unreadable_notebook_and_other_languages(tree, map_file, capsys):
+def test_an_unreadable_notebook_and_other_languages(tree, map_file, capsys, cli_main):
     (tree / "broken.ipynb").write_text('{"cells": [sglang.srt.managers.mm_utils')
     r_cells = [("code", ["import sglang.srt.managers.mm_utils\n"])]
     (tree / "r.ipynb").write_text(_notebook(r_cells, language="R"))
-    assert _main("--write", ".", map_file=map_file) == 2
+    assert cli_main("--write", ".", map_file=map_file) == 2
     err = capsys.readouterr().err
     assert "broken.ipynb: cannot parse: not a readable notebook" in err
     assert "r.ipynb" not in err
