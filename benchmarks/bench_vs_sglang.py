@@ -201,25 +201,44 @@ class Side:
     encoder_calls: int = 0
 
 
+class DestinationBuffer:
+    """The fused sides' ``input_embeds``: a copy of the batch's text embeddings, made once per
+    batch. It holds the batch itself, not its ``id``, so a later batch that happens to reuse a
+    freed batch's address never gets the old buffer."""
+
+    def __init__(self) -> None:
+        self._batch: Batch | None = None
+        self._dest: torch.Tensor | None = None
+
+    def prepare(self, batch: Batch) -> None:
+        if self._batch is not batch:
+            self._batch, self._dest = batch, batch.text_embeds.clone()
+
+    def get(self, batch: Batch) -> torch.Tensor:
+        assert self._batch is batch, "prepare() was not called for this batch"
+        return self._dest
+
+
 def _sglang_side(name: str, release, *, fused: bool = False) -> Side:
     module = release.scheduler
     cache_cls = release.modules["sglang.srt.mem_cache.multimodal_cache"].MultiModalStaticCache
     scatter = release.mm_utils._scatter_mm_embedding if fused else None
-    state = {"cache": cache_cls(CACHE_BYTES), "dest": {}}
+    state = {"cache": cache_cls(CACHE_BYTES)}
+    dest_buffer = DestinationBuffer()
 
     def reset():
         state["cache"] = cache_cls(CACHE_BYTES)
 
     def prepare(batch: Batch):
         module.embedding_cache = state["cache"]
-        if fused and id(batch) not in state["dest"]:
-            state["dest"] = {id(batch): batch.text_embeds.clone()}
+        if fused:
+            dest_buffer.prepare(batch)
 
     def step(batch: Batch, encoder: CheapEncoder) -> dict:
         emb, mask, ids = module.get_embedding_and_mask(*batch.sglang_args(encoder))
         if not fused:
             return {"rows": emb, "mask": mask, "ids": ids}
-        dest = state["dest"][id(batch)]
+        dest = dest_buffer.get(batch)
         scatter(dest=dest, mask=mask, src=emb)
         return {"embeds": dest}
 
@@ -227,7 +246,8 @@ def _sglang_side(name: str, release, *, fused: bool = False) -> Side:
 
 
 def _ours_sides() -> list[Side]:
-    state = {"embed": EmbeddingCache(CACHE_BYTES), "merge": EmbeddingCache(CACHE_BYTES), "dest": {}}
+    state = {"embed": EmbeddingCache(CACHE_BYTES), "merge": EmbeddingCache(CACHE_BYTES)}
+    dest_buffer = DestinationBuffer()
 
     def compat(batch: Batch, encoder: CheapEncoder) -> dict:
         emb, mask, ids = mm_schedule.get_embedding_and_mask(*batch.sglang_args(encoder))
@@ -237,13 +257,9 @@ def _ours_sides() -> list[Side]:
         return {"rows": mm_schedule.embed_chunk(batch.requests, encoder, cache=state["embed"]).embedding}
 
     def merge(batch: Batch, encoder: CheapEncoder) -> dict:
-        dest = state["dest"][id(batch)]
+        dest = dest_buffer.get(batch)
         mm_schedule.merge_chunk(dest, batch.requests, encoder, cache=state["merge"])
         return {"embeds": dest}
-
-    def prepare_merge(batch: Batch):
-        if id(batch) not in state["dest"]:
-            state["dest"] = {id(batch): batch.text_embeds.clone()}
 
     def reset(key):
         return lambda: state.__setitem__(key, EmbeddingCache(CACHE_BYTES))
@@ -252,7 +268,7 @@ def _ours_sides() -> list[Side]:
     return [
         Side(OURS_COMPAT, lambda: mm_schedule.init_mm_embedding_cache(CACHE_BYTES), lambda b: None, compat),
         Side(OURS_EMBED, reset("embed"), lambda b: None, embed),
-        Side(OURS_MERGE, reset("merge"), prepare_merge, merge),
+        Side(OURS_MERGE, reset("merge"), dest_buffer.prepare, merge),
     ]
 
 

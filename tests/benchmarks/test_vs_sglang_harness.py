@@ -50,6 +50,25 @@ def test_every_side_matches_the_expectation_on_miss_and_hit_steps(sides, n_items
     assert bench.check_once(sides, batch) == []
 
 
+def test_destination_buffer_follows_the_batch_object_not_its_address():
+    """A fused side's buffer belongs to one batch; a new batch gets a fresh copy of its own
+    text embeddings even when the old batch is gone and its address could be reused."""
+    buffer = bench.DestinationBuffer()
+    first = bench.build_batch(8, seed=1, prefix=50, chunk=37)
+    buffer.prepare(first)
+    written = buffer.get(first)
+    written.fill_(float("nan"))  # what a merge would have left in it
+    buffer.prepare(first)
+    assert buffer.get(first) is written  # same batch: the buffer is kept between rounds
+    second = bench.build_batch(8, seed=2, prefix=150)
+    buffer.prepare(second)
+    fresh = buffer.get(second)
+    assert fresh.shape == second.text_embeds.shape != first.text_embeds.shape
+    assert torch.equal(fresh, second.text_embeds) and fresh.data_ptr() != second.text_embeds.data_ptr()
+    with pytest.raises(AssertionError, match="prepare"):
+        buffer.get(first)
+
+
 def test_a_wrong_row_is_caught(sides):
     """Negative control: the comparison sees a single flipped bit in one side's rows."""
     batch = bench.build_batch(8, seed=7)
