@@ -20,6 +20,7 @@ from operator import add, le, sub
 import torch
 
 from .backend import refresh_backend, uses_triton
+from .host_copy import can_copy_bytes, copy_row_ranges
 
 
 def forget_backend_choice() -> None:
@@ -62,25 +63,31 @@ def _triton_launcher():
 
 
 def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
-    """One torch call for the whole table: a ``cat`` into ``dst`` when the segments fill
-    consecutive rows in table order (the packed layout), else one ``_foreach_copy_``
-    into views of ``dst`` (the fused layout, rows between placeholders left alone).
-    Whole sources are passed as they are; only partial ones are sliced. The table is
-    read a column at a time (``segments.columns`` when it has them), so besides the
-    slicing every pass over it runs inside C builtins."""
+    """The whole table in as few calls as the layout allows: one ``cat`` into ``dst``
+    when the segments fill consecutive rows in table order (the packed layout); else
+    (the fused layout, rows between placeholders left alone) byte copies on the CPU
+    (``host_copy``) or one ``_foreach_copy_`` into views of ``dst``. Whole sources are
+    passed as they are; only partial ones are sliced. The table is read a column at a
+    time (``segments.columns`` when it has them), so besides the slicing every pass over
+    it runs inside C builtins."""
     whole_rows = getattr(segments, "whole_sources_rows", None)
     if whole_rows is not None:
         torch.cat(sources, out=dst if whole_rows == dst.shape[0] else dst[:whole_rows])
         return dst
     columns = getattr(segments, "columns", None)
     source_of, first_row, counts, rows = columns if columns is not None else [list(c) for c in zip(*segments)]
+    ends = list(map(add, rows, counts))
+    consecutive = rows[1:] == ends[:-1]
+    if not consecutive and dst.device.type == "cpu" and can_copy_bytes(sources, dst):
+        copy_row_ranges(sources, source_of, first_row, counts, rows, dst,
+                        whole_sources=getattr(segments, "whole_sources", False))
+        return dst
     if getattr(segments, "whole_sources", False):
         views = sources
     else:
         views = [src if r == 0 and n == src.shape[0] else src[r : r + n]
                  for src, r, n in zip(map(sources.__getitem__, source_of), first_row, counts)]
-    ends = list(map(add, rows, counts))
-    if rows[1:] == ends[:-1]:
+    if consecutive:
         first, last = rows[0], ends[-1]
         torch.cat(views, out=dst if first == 0 and last == dst.shape[0] else dst[first:last])
         return dst
