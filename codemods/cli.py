@@ -1,15 +1,6 @@
 """``mm-schedule-codemod``: migrate code across a module split (and ``derive`` a map).
 
-Exit status:
-  0    nothing left to do
-  1    changes or findings remain (``--check``, ``--diff``), or findings that need a
-       person remain (``--write``)
-  2    some paths could not be processed: unparsable, crashed the parser, unreadable,
-       unwritable, changed during the run, missing; they are listed and every other
-       file is still processed
-  3    the run could not start (bad option, malformed move map or configuration,
-       unwritable ``--json`` path); nothing was read or written
-  130  interrupted (Ctrl-C), 143 terminated (SIGTERM): each file is old or new
+The exit statuses are listed once, in ``EXIT_STATUS_HELP`` (the end of ``--help``).
 """
 
 from __future__ import annotations
@@ -28,7 +19,8 @@ import libcst as cst
 from ..errors import MoveMapError
 from .config import Config, ConfigError, find_config
 from .diffs import unified_diff
-from .discovery import Discovery, discover
+from .discovery import Discovery, discover, shown
+from .failures import Failure, os_reason
 from .fidelity import at_risk, keep_untouched_lines
 from .move_map import MoveMap, load_map
 from .notebooks import NotebookError, migrate_notebook
@@ -41,6 +33,23 @@ from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
 
 EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+EXIT_STATUS_HELP = """\
+exit status:
+  0    nothing left to do
+  1    changes or findings remain (--check, --diff), or findings that need a
+       person remain (--write)
+  2    some paths could not be processed, and every other file was: each is
+       listed with its MMS9xx code (a missing path, a broken or looping symlink,
+       an unreadable file or folder, a file name that is not UTF-8, a file that
+       cannot be parsed, crashes the parser, times out, cannot be written or
+       keeps changing during the run)
+  3    the run did not start and no file was read or written: a bad option, an
+       empty path, a malformed move map or [tool.mm-schedule-codemod] table, a
+       --json path that cannot be written
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)
+       (either way each file is as it was or fully migrated)
+"""
 _RETRIES = 1  # times a file edited during the run is read and migrated again
 
 
@@ -62,10 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mm-schedule-codemod",
         description=(
-            "Migrate code across a module split (default: SGLang's "
-            "sglang.srt.managers.mm_utils -> mm_schedule). "
+            "Migrate code across a module split (default: SGLang's\n"
+            "sglang.srt.managers.mm_utils -> mm_schedule).\n"
             "'mm-schedule-codemod derive --help' builds a move map from two source versions."
         ),
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to process")
     mode = parser.add_mutually_exclusive_group()
@@ -139,16 +150,6 @@ def _on_sigterm():
         return None
 
 
-def _shown(path: Path) -> str:
-    """Path as printed and as used in diffs: relative to the working folder if inside it."""
-    for cwd in (Path.cwd().resolve(), Path.cwd()):
-        try:
-            return path.relative_to(cwd).as_posix()
-        except ValueError:
-            pass
-    return path.as_posix()
-
-
 def _validate(args) -> tuple[MoveMap, str | None]:
     """Everything that can be wrong before a file is read; raises UsageError."""
     if "" in args.paths:
@@ -161,7 +162,8 @@ def _validate(args) -> tuple[MoveMap, str | None]:
             raise UsageError(f"--json {args.json}: is a folder")
         parent = target.absolute().parent
         if not parent.is_dir():
-            raise UsageError(f"--json {args.json}: folder {parent} does not exist")
+            raise UsageError(f"--json {args.json}: {parent} " + (
+                "is not a folder" if parent.exists() else "does not exist"))
         if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
             raise UsageError(f"--json {args.json}: not writable")
     try:
@@ -181,7 +183,8 @@ def _make_transform(move_map: MoveMap):
             if task.notebook:
                 done = migrate_notebook(task.source, move_map, path=task.shown,
                                         package=task.package, gate=gate)
-                return Outcome(done.new_source, done.findings, done.cells, done.note)
+                note = Failure.of("notebook-not-written", done.note) if done.note else None
+                return Outcome(done.new_source, done.findings, done.cells, note)
             done = migrate_source(task.source, move_map, path=task.shown,
                                   package=task.package, gate=gate)
             new_source = done.new_source
@@ -189,10 +192,11 @@ def _make_transform(move_map: MoveMap):
                 new_source = keep_untouched_lines(task.source, new_source)
             return Outcome(new_source, done.findings)
         except cst.ParserSyntaxError as exc:
-            return Outcome(error=f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
-                                 f"{exc.message}; file left as is")
+            return Outcome(error=Failure.of(
+                "syntax-error", f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
+                                f"{exc.message}; file left as is"))
         except (UnicodeDecodeError, SyntaxError, NotebookError) as exc:
-            return Outcome(error=f"cannot parse: {exc}; file left as is")
+            return Outcome(error=Failure.of("syntax-error", f"cannot parse: {exc}; file left as is"))
 
     return transform
 
@@ -275,8 +279,6 @@ def _discover(args) -> Discovery:
                          respect_gitignore=args.respect_gitignore)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    found.skipped = [(_shown(Path(path).absolute()), why) for path, why in found.skipped]
-    found.problems = [(_shown(Path(path).absolute()), why) for path, why in found.problems]
     if args.verbose:
         for path, reason in found.skipped:
             print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
@@ -288,23 +290,17 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
     files never reach a worker), and the problems met so far."""
     files, problems = [], list(found.problems)
     for item in found.files:
-        shown = _shown(item.real)
-        try:
-            shown.encode("utf-8")
-        except UnicodeEncodeError:
-            problems.append((printable(shown), "file name is not valid UTF-8; skipped (a diff or "
-                                               "report could not name it)"))
-            continue
+        name = shown(item.real)
         if args.verbose and item.path.absolute() != item.real:
-            print(printable(f"{item.path}: symlink, its target {shown} is processed"),
+            print(printable(f"{item.path}: symlink, its target {name} is processed"),
                   file=sys.stderr)
         try:
             snapshot = read_snapshot(item.real)
         except OSError as exc:
-            problems.append((shown, f"cannot read: {exc.strerror or exc}"))
+            problems.append((name, Failure.of("unreadable", f"cannot read: {os_reason(exc)}")))
             continue
         if gate.mentions(snapshot.data):
-            files.append(_File(FileResult(shown), snapshot, package_for(item.real, item.root),
+            files.append(_File(FileResult(name), snapshot, package_for(item.real, item.root),
                                item.real.suffix == ".ipynb"))
     return files, problems
 
@@ -312,16 +308,8 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
 def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
     """The old module's own file in the tree (a fork): said before anything is rewritten,
     and reported as a finding."""
-    shown = []
-    for item in found.files:
-        path = _shown(item.real)
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:
-            continue
-        shown.append(path)
     notices = []
-    for finding in fork_warnings(shown, move_map):
+    for finding in fork_warnings([shown(item.real) for item in found.files], move_map):
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices
@@ -365,17 +353,20 @@ def _write(file: _File, guard: TempGuard | None) -> bool:
         result.written = True
     except FileChanged:
         if file.retries >= _RETRIES:
-            result.error = "changed again while being migrated; left as is (run again)"
+            result.error = Failure.of("changed-during-run", "changed again while being "
+                                      "migrated; left with its new content (run again)")
             return False
         file.retries += 1
         try:
             file.snapshot = read_snapshot(file.snapshot.path)
         except OSError as exc:
-            result.error = f"cannot read after it changed: {exc.strerror or exc}"
+            result.error = Failure.of("unreadable",
+                                      f"cannot read after it changed: {os_reason(exc)}")
             return False
         return True
     except OSError as exc:
-        result.error = f"cannot write: {exc.strerror or exc}; file left as is"
+        result.error = Failure.of("unwritable", f"cannot write: {os_reason(exc)}; "
+                                                "file left as is")
     return False
 
 

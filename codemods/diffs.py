@@ -31,9 +31,12 @@ def _quoted(name: str) -> bytes:
 
 
 def unified_diff(old: bytes, new: bytes, shown: str) -> bytes:
-    """The patch turning ``old`` into ``new`` for the file at ``shown`` (a path relative
-    to the folder the patch is applied in), with ``a/`` and ``b/`` prefixes."""
-    a_name, b_name = _quoted("a/" + shown), _quoted("b/" + shown)
+    """The patch turning ``old`` into ``new`` for the file at ``shown``, with ``a/`` and
+    ``b/`` prefixes. A relative ``shown`` is taken from the folder the patch is applied
+    in; an absolute one (a file outside the working folder) loses its leading slash, as
+    in ``git diff --no-index``, so that part of the patch applies from ``/``."""
+    name = shown.lstrip("/")
+    a_name, b_name = _quoted("a/" + name), _quoted("b/" + name)
     out = [b"diff --git " + a_name + b" " + b_name + b"\n"]
     body = difflib.diff_bytes(difflib.unified_diff, _lines(old), _lines(new), a_name, b_name,
                               lineterm=b"\n")

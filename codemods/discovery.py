@@ -17,12 +17,15 @@ Exclude patterns come from the nearest ``[tool.mm-schedule-codemod]`` table, and
 folder inside the tree with its own table uses that one below it (as ruff does).
 A file named on the command line is always processed (a symlink: its target is
 written), unless ``force-exclude`` is set and an exclude pattern matches it.
-Problems (a missing path, a symlink loop, an unreadable folder) are collected, not
-raised: the run processes everything else and reports them.
+Problems (a missing path, a broken link or a symlink loop, a folder or file that
+cannot be looked at, a file name that is not UTF-8) are collected, each with its
+failure code, never raised: discovery ends before the first file is read, and the
+run then processes everything else and reports them.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config, config_in
+from .failures import Failure, os_reason
 
 SUFFIXES = (".py", ".pyi", ".ipynb")
 DEFAULT_EXCLUDE = (
@@ -50,7 +54,7 @@ class Found:
 @dataclass
 class Discovery:
     files: list[Found] = field(default_factory=list)
-    problems: list[tuple[str, str]] = field(default_factory=list)  # (path, what went wrong)
+    problems: list[tuple[str, Failure]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
 
 
@@ -211,7 +215,15 @@ class _Excludes:
 
 
 def _is_venv(folder: Path) -> bool:
-    return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
+    # os.path, unlike Path on Python < 3.14, answers False for what cannot be looked at.
+    return os.path.isfile(folder / "pyvenv.cfg") or os.path.isdir(folder / "conda-meta")
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -231,15 +243,24 @@ class Walker:
         path = Path(raw)
         try:
             os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            self.result.problems.append((raw, Failure.of("path-not-found",
+                                                         "no such file or folder")))
+            return
         except OSError as exc:
-            self.result.problems.append((raw, "no such file or folder" if isinstance(
-                exc, FileNotFoundError) else f"cannot read: {exc.strerror or exc}"))
+            self.result.problems.append((raw, _unreadable(exc)))
             return
         try:
             real = Path(os.path.realpath(path, strict=True))
         except OSError as exc:
-            self.result.problems.append((raw, _link_problem(exc)))
+            self.result.problems.append((raw, _link_problem(path, exc)))
             return
+        try:
+            self._add(raw, path, real)
+        except OSError as exc:  # e.g. a folder that can be listed but not searched
+            self.result.problems.append((raw, _unreadable(exc, folder=os.path.isdir(real))))
+
+    def _add(self, raw: str, path: Path, real: Path) -> None:
         if real.is_dir():
             folder = path.absolute()
             ignore = _ignore_for(real) if self.gitignore else _Ignore(None, real, [])
@@ -268,7 +289,7 @@ class Walker:
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as exc:
-            self.result.problems.append((str(folder), f"cannot read folder: {exc.strerror or exc}"))
+            self.result.problems.append((str(folder), _unreadable(exc, folder=True)))
             return
         nested = config_in(real_folder) if folder != root else None
         if nested is None:
@@ -282,22 +303,28 @@ class Walker:
 
     def _entries(self, entries, real_folder: Path, ignore: _Ignore, root: Path) -> None:
         for entry in entries:
-            path = Path(entry.path)
-            if entry.is_symlink():
-                self._link(path, ignore, root)
-            elif entry.is_dir(follow_symlinks=False):
-                reason = self._folder_skip(path, real_folder / entry.name, ignore)
-                if reason:
-                    self.result.skipped.append((str(path), reason))
-                    continue
-                child = real_folder / entry.name
-                self._walk(path, child, ignore.child(child) if self.gitignore else ignore, root)
-            elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
-                reason = self._file_skip(path, real_folder / entry.name, ignore)
-                if reason:
-                    self.result.skipped.append((str(path), reason))
-                else:
-                    self.result.files.append(Found(path, real_folder / entry.name, root))
+            try:
+                self._entry(entry, real_folder, ignore, root)
+            except OSError as exc:  # e.g. a folder that can be listed but not searched
+                self.result.problems.append((entry.path, _unreadable(exc, folder=_is_folder(entry))))
+
+    def _entry(self, entry: os.DirEntry, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+        path = Path(entry.path)
+        if entry.is_symlink():
+            self._link(path, ignore, root)
+        elif entry.is_dir(follow_symlinks=False):
+            reason = self._folder_skip(path, real_folder / entry.name, ignore)
+            if reason:
+                self.result.skipped.append((str(path), reason))
+                return
+            child = real_folder / entry.name
+            self._walk(path, child, ignore.child(child) if self.gitignore else ignore, root)
+        elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
+            reason = self._file_skip(path, real_folder / entry.name, ignore)
+            if reason:
+                self.result.skipped.append((str(path), reason))
+            else:
+                self.result.files.append(Found(path, real_folder / entry.name, root))
 
     def _folder_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:
         pattern = self.excludes.match(path)
@@ -321,7 +348,7 @@ class Walker:
             target = Path(os.path.realpath(path, strict=True))
         except OSError as exc:
             if path.name.endswith(SUFFIXES):
-                self.result.problems.append((str(path), _link_problem(exc)))
+                self.result.problems.append((str(path), _link_problem(path, exc)))
             return
         if target.is_dir():
             self.result.skipped.append((str(path), "symlinked folder (not followed)"))
@@ -339,12 +366,34 @@ class Walker:
             self.result.files.append(Found(path, target, root))
 
 
-def _link_problem(exc: OSError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "broken symlink (its target does not exist)"
-    if exc.errno == 40:  # ELOOP
-        return "symlink loop (the link points back to itself)"
-    return f"cannot resolve: {exc.strerror or exc}"
+def _unreadable(exc: OSError, *, folder: bool = False) -> Failure:
+    return Failure.of("unreadable", f"cannot read{' folder' if folder else ''}: {os_reason(exc)}")
+
+
+def _link_problem(path: Path, exc: OSError) -> Failure:
+    """Why the symlink ``path`` (or a link on the way to its target) cannot be followed."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not itself a link: one of its folders is
+        target = None
+    points = f"it points to {target!r}" if target is not None else "a link on its way"
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return Failure.of("broken-symlink", f"broken symlink: {points}, which does not exist")
+    if exc.errno == errno.ELOOP:
+        return Failure.of("symlink-loop", f"symlink loop: {points}, and following the links "
+                                          "never reaches a file")
+    return _unreadable(exc)
+
+
+def shown(path: Path) -> str:
+    """A path as reports and diffs name it: relative to the working folder if inside it,
+    else absolute."""
+    for cwd in (Path.cwd().resolve(), Path.cwd()):
+        try:
+            return path.relative_to(cwd).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
 
 
 def discover(paths, config_for, **options) -> Discovery:
@@ -358,10 +407,15 @@ def discover(paths, config_for, **options) -> Discovery:
         result.problems += walker.result.problems
         result.skipped += walker.result.skipped
         for found in walker.result.files:
+            if not _utf8(shown(found.real)):
+                result.problems.append((str(found.real), Failure.of(
+                    "undecodable-name", "file name is not valid UTF-8; not processed "
+                                        "(a diff or a report could not name it)")))
+                continue
             try:
                 info = os.stat(found.real)
             except OSError as exc:
-                result.problems.append((str(found.path), f"cannot read: {exc.strerror or exc}"))
+                result.problems.append((str(found.path), _unreadable(exc)))
                 continue
             if (info.st_dev, info.st_ino) in seen:
                 result.skipped.append((str(found.path), "same file as one already found "
@@ -369,4 +423,14 @@ def discover(paths, config_for, **options) -> Discovery:
                 continue
             seen.add((info.st_dev, info.st_ino))
             result.files.append(found)
+    result.problems = [(shown(Path(p).absolute()), why) for p, why in result.problems]
+    result.skipped = [(shown(Path(p).absolute()), why) for p, why in result.skipped]
     return result
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate escapes: bytes the file system encoding rejected
+        return False
+    return True

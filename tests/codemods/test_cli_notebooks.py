@@ -76,7 +76,7 @@ def test_a_notebook_whose_layout_cannot_be_kept_is_reported_not_written(tree, ma
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "odd.ipynb").read_text(encoding="utf-8") == text
     out, err = capsys.readouterr()
-    assert "odd.ipynb: its JSON layout cannot be reproduced; not written" in err
+    assert "odd.ipynb: MMS911 [error] its JSON layout cannot be reproduced; not written" in err
     assert "odd.ipynb:cell 2:3:" in out and "[fixable]" in out
 
 
@@ -86,5 +86,5 @@ def test_an_unreadable_notebook_and_other_languages(tree, map_file, capsys, cli_
     (tree / "r.ipynb").write_text(_notebook(r_cells, language="R"))
     assert cli_main("--write", ".", map_file=map_file) == 2
     err = capsys.readouterr().err
-    assert "broken.ipynb: cannot parse: not a readable notebook" in err
+    assert "broken.ipynb: MMS906 [error] cannot parse: not a readable notebook" in err
     assert "r.ipynb" not in err

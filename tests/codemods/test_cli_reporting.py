@@ -33,8 +33,17 @@ def tree(tmp_path, monkeypatch):
         ('{"old_module": "a.b", "new_module": "a.b", "moved": {}}',
          "new_module is the same as old_module"),
         ('{"old_module": "a.b-c", "new_module": "a.d", "moved": {}}', "not a dotted module name"),
+        ('{"old_module": "a.b", "new_module": "a.class", "moved": {}}',
+         "new_module: 'a.class' is not a dotted module name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {"2x": '
+         '{"kind": "function", "private": false}}}', "moved: '2x' is not a Python name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {"lambda": '
+         '{"kind": "function", "private": false}}}', "moved: 'lambda' is not a Python name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {}, '
+         '"import_origins": {"f": "a.b"}}', "import_origins['f'] is the old module itself"),
     ],
-    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name"],
+    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name",
+         "keyword-module", "bad-name", "keyword-name", "origin-is-source"],
 )
 def test_a_malformed_map_is_refused_before_any_file_is_touched(tree, capsys, map_text, message):
     bad = tree.parent / "bad.json"
@@ -55,7 +64,12 @@ def test_an_unwritable_json_path_is_refused_before_any_file_is_touched(tree, map
               "a_folder": tree.parent / "folder"}[where]
     assert cli.main(["--write", ".", "--json", str(target), "--map", str(map_file)]) == 3
     assert (tree / "a.py").read_text() == MOVING
-    assert "--json" in capsys.readouterr().err
+    assert not target.is_file()
+    err = capsys.readouterr().err
+    reason = {"under_a_file": f"{tree.parent / 'plain.txt'} is not a folder",
+              "missing_folder": f"{tree.parent / 'nowhere'} does not exist",
+              "a_folder": "is a folder"}[where]
+    assert err == f"mm-schedule-codemod: --json {target}: {reason}\n"
 
 
 def test_a_bad_config_table_is_refused(tree, map_file, capsys):
@@ -83,7 +97,7 @@ def test_json_dash_is_pure_json_on_stdout_and_text_goes_to_stderr(tree, map_file
     assert doc["mode"] == "check"
     assert {f["path"] for f in doc["failed_files"]} == {"nope.py", "broken.py"}
     assert "a.py:1:42: MMS001 [fixable]" in proc.stderr and "t.py:1:" in proc.stderr
-    assert "nope.py: no such file or folder" in proc.stderr
+    assert "nope.py: MMS901 [error] no such file or folder" in proc.stderr
 
 
 def test_check_says_fixable_and_only_write_says_fixed(tree, map_file, capsys):

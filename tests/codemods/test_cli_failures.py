@@ -1,0 +1,194 @@
+"""Paths that cannot be processed: each is found while the tree is walked (before any
+file is written), reported with its MMS9xx code in text and JSON, never as a
+traceback, and every other file is still migrated (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from mm_schedule.codemods import cli
+from mm_schedule.codemods.failures import FAILURES
+
+MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk\n"
+MOVED = "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "codemod.md"
+
+
+def _self_link(tree, monkeypatch):
+    os.symlink("self.py", tree / "self.py")
+    return [], [("self.py", "MMS903", "symlink loop: it points to 'self.py', and following "
+                                      "the links never reaches a file")]
+
+
+def _two_link_loop(tree, monkeypatch):
+    os.symlink("l2.py", tree / "l1.py")
+    os.symlink("l1.py", tree / "l2.py")
+    return [], [("l1.py", "MMS903", "symlink loop: it points to 'l2.py'"),
+                ("l2.py", "MMS903", "symlink loop: it points to 'l1.py'")]
+
+
+def _broken_link(tree, monkeypatch):
+    os.symlink("gone.py", tree / "broken.py")
+    return [], [("broken.py", "MMS902", "broken symlink: it points to 'gone.py', which does "
+                                        "not exist")]
+
+
+def _missing_argument(tree, monkeypatch):
+    return ["nope.py", "sub/nope.py"], [("nope.py", "MMS901", "no such file or folder"),
+                                        ("sub/nope.py", "MMS901", "no such file or folder")]
+
+
+def _unlistable_folder(tree, monkeypatch):
+    """A folder whose listing fails (mode 0 for anyone but root)."""
+    from mm_schedule.codemods import discovery
+
+    (tree / "closed").mkdir()
+    (tree / "closed" / "b.py").write_text(MOVING)
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if os.path.basename(path) == "closed":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(discovery.os, "scandir", scandir)
+    return [], [("closed", "MMS904", "cannot read folder: Permission denied")]
+
+
+def _unsearchable_folder(tree, monkeypatch):
+    """A folder that can be listed but not searched (mode r--): its names are known, but
+    nothing in it can be looked at. Done with the real mode where this user is bound by
+    it, else by failing every stat below the folder, as the system would."""
+    closed = tree / "closed"
+    (closed / "inner").mkdir(parents=True)
+    (closed / "b.py").write_text(MOVING)
+    closed.chmod(0o644)  # the test puts 0o755 back
+    try:
+        os.stat(closed / "b.py")
+    except PermissionError:
+        pass
+    else:
+        closed.chmod(0o755)
+        for name in ("stat", "lstat"):
+            real = getattr(os, name)
+
+            def denied(path, *args, real=real, **kwargs):
+                if not isinstance(path, int) and Path(os.fsdecode(path)).parent.name == "closed":
+                    raise PermissionError(13, "Permission denied", os.fsdecode(path))
+                return real(path, *args, **kwargs)
+
+            monkeypatch.setattr(os, name, denied)
+    return [], [("closed", "MMS904", "cannot read folder: Permission denied")]
+
+
+def _unreadable_file(tree, monkeypatch):
+    (tree / "locked.py").write_text(MOVING)
+    real = cli.read_snapshot
+
+    def read_snapshot(path):
+        if path.name == "locked.py":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(cli, "read_snapshot", read_snapshot)
+    return [], [("locked.py", "MMS904", "cannot read: Permission denied")]
+
+
+def _undecodable_name(tree, monkeypatch):
+    fd = os.open(os.fsencode(tree) + b"/bad\xff.py", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, MOVING.encode())
+    os.close(fd)
+    return [], [("bad\\udcff.py", "MMS905", "file name is not valid UTF-8; not processed")]
+
+
+SCENARIOS = [_self_link, _two_link_loop, _broken_link, _missing_argument, _unlistable_folder,
+             _unsearchable_folder, _unreadable_file, _undecodable_name]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__.strip("_"))
+def test_a_path_problem_has_its_code_and_the_rest_is_migrated(tree, map_file, monkeypatch,
+                                                               capsys, cli_main, scenario):
+    (tree / "a.py").write_text(MOVING)
+    (tree / "sub").mkdir()
+    (tree / "sub" / "c.py").write_text(MOVING)
+    extra, expected = scenario(tree, monkeypatch)
+    report = tree.parent / "r.json"
+    try:
+        status = cli_main("--write", ".", *extra, "--json", report, map_file=map_file)
+    finally:
+        if (tree / "closed").exists():
+            (tree / "closed").chmod(0o755)
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    assert "Traceback" not in out + err
+    assert (tree / "a.py").read_text() == MOVED and (tree / "sub" / "c.py").read_text() == MOVED
+    failure_lines = [line for line in err.splitlines() if " [error] " in line]
+    assert len(failure_lines) == len(expected), err
+    for line, (path, code, message) in zip(failure_lines, expected):
+        assert line.startswith(f"{path}: {code} [error] {message}"), line
+    doc = json.loads(report.read_text(encoding="utf-8"))
+    assert [(f["path"], f["code"]) for f in doc["failed_files"]] == [
+        (path, code) for path, code, _ in expected]
+    for entry, (_, _, message) in zip(doc["failed_files"], expected):
+        assert entry["error"].startswith(message)
+    assert doc["summary"]["files_failed"] == len(expected)
+    assert sorted(doc["changed_files"]) == ["a.py", "sub/c.py"]
+    assert doc["failure_codes"] == {code: {"name": name, "summary": summary}
+                                    for code, (name, summary) in FAILURES.items()}
+
+
+def test_the_tree_is_walked_to_the_end_before_the_first_file_is_written(tree, map_file,
+                                                                      monkeypatch, cli_main):
+    for name in ("a.py", "b.py", "z.py"):
+        (tree / name).write_text(MOVING)
+    os.symlink("self.py", tree / "self.py")
+    os.symlink("gone.py", tree / "y_broken.py")  # after a.py and b.py in walking order
+    events = []
+    real_discover, real_replace = cli.discover, cli.replace
+
+    def discover(*args, **kwargs):
+        found = real_discover(*args, **kwargs)
+        events.append(("walked", sorted(path for path, _ in found.problems)))
+        return found
+
+    def replace(snapshot, data, guard=None):
+        events.append(("write", snapshot.path.name))
+        return real_replace(snapshot, data, guard)
+
+    monkeypatch.setattr(cli, "discover", discover)
+    monkeypatch.setattr(cli, "replace", replace)
+    assert cli_main("--write", ".", map_file=map_file) == 2
+    assert events[0] == ("walked", ["self.py", "y_broken.py"])
+    assert sorted(events[1:]) == [("write", "a.py"), ("write", "b.py"), ("write", "z.py")]
+
+
+def test_a_folder_named_on_the_command_line_that_cannot_be_searched(tree, map_file, monkeypatch,
+                                                                    capsys, cli_main):
+    (tree / "a.py").write_text(MOVING)
+    _unsearchable_folder(tree, monkeypatch)
+    try:
+        assert cli_main("--write", "a.py", "closed", "closed/b.py", map_file=map_file) == 2
+    finally:
+        (tree / "closed").chmod(0o755)
+    err = capsys.readouterr().err
+    assert "closed: MMS904 [error] cannot read folder: Permission denied\n" in err
+    assert "closed/b.py: MMS904 [error] cannot read: Permission denied\n" in err
+    assert "Traceback" not in err and (tree / "a.py").read_text() == MOVED
+
+
+def test_failure_codes_and_exit_statuses_are_documented():
+    docs = DOCS.read_text(encoding="utf-8")
+    for code, (name, _) in FAILURES.items():
+        assert re.search(rf"^\| `{code}` \| `{name}` \|", docs, re.M), code
+    help_text = cli._parser().format_help()
+    assert help_text.rstrip().endswith(cli.EXIT_STATUS_HELP.rstrip())
+    table = docs[docs.index("## Exit status"):]
+    for status in (cli.EXIT_OK, cli.EXIT_REMAINING, cli.EXIT_FAILED, cli.EXIT_USAGE,
+                   cli.EXIT_INTERRUPTED, cli.EXIT_TERMINATED):
+        assert re.search(rf"^\| {status} \|", table, re.M), status
+        assert re.search(rf"^  {status} ", cli.EXIT_STATUS_HELP, re.M), status
