@@ -66,3 +66,30 @@ def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file
     subprocess.run(["patch", "-p1", "--quiet", "--no-backup-if-mismatch"], cwd=with_patch,
                    input=patch, check=True)
     assert _snapshot(with_patch) == expected
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
+                    reason="needs git and patch")
+def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, map_file):
+    """Neither tool takes ``..`` or an absolute path from a patch: the absolute path loses
+    its leading slash (as in ``git diff --no-index``) and the patch applies from ``/``."""
+    outside = tmp_path / "outside" / "x.py"
+    outside.parent.mkdir()
+    outside.write_bytes(FILES["crlf.py"])
+    here = tmp_path / "here"
+    here.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--diff", "../outside/x.py",
+         "--map", str(map_file)], cwd=here, capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr.decode()
+    name = outside.as_posix().lstrip("/").encode()
+    assert proc.stdout.startswith(b"diff --git a/" + name + b" b/" + name + b"\n")
+    assert b"\n--- a/" + name + b"\n+++ b/" + name + b"\n" in proc.stdout
+    subprocess.run(["patch", "-p1", "--dry-run", "--quiet", "-d", "/"], input=proc.stdout,
+                   check=True, capture_output=True)
+    subprocess.run(["git", "apply", "-"], cwd="/", input=proc.stdout, check=True)
+    twin = here / "twin.py"
+    twin.write_bytes(FILES["crlf.py"])
+    subprocess.run([sys.executable, "-m", "mm_schedule.codemods", "--write", "twin.py",
+                    "--map", str(map_file)], cwd=here, check=True, timeout=120)
+    assert outside.read_bytes() == twin.read_bytes() != FILES["crlf.py"]

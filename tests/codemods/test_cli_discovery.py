@@ -221,3 +221,21 @@ def test_gitignore_can_be_turned_off(tree, map_file, cli_main):
     assert (tree / "ignored.py").read_text() == MOVING
     assert cli_main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
     assert (tree / "ignored.py").read_text() == MOVED
+
+
+@pytest.mark.parametrize("xdg", [False, True], ids=["home-config", "xdg-config-home"])
+def test_gits_default_global_excludes_file_is_honoured(tree, map_file, monkeypatch, cli_main, xdg):
+    """Without ``core.excludesFile``, git reads ``$XDG_CONFIG_HOME/git/ignore``, or
+    ``~/.config/git/ignore`` when that variable is unset or empty."""
+    home = tree.parent / "home"
+    config = tree.parent / "xdg" if xdg else home / ".config"
+    (config / "git").mkdir(parents=True)
+    home.mkdir(exist_ok=True)
+    (config / "git" / "ignore").write_text("scratch_*.py\n")
+    (home / ".gitconfig").write_text("[user]\n\tname = x\n")  # no excludesFile
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config) if xdg else "")
+    (tree / ".git").mkdir()
+    _put(tree, "scratch_a.py", "main.py")
+    assert cli_main("--write", ".", map_file=map_file) == 0
+    assert _migrated(tree, "scratch_a.py", "main.py") == {"scratch_a.py": False, "main.py": True}
