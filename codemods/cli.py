@@ -6,6 +6,7 @@ The exit statuses are listed once, in ``EXIT_STATUS_HELP`` (the end of ``--help`
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -67,6 +68,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _positive(kind: type, what: str):
+    """An argparse type: a finite number above zero."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text!r}")
+        return value
+
+    return convert
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mm-schedule-codemod",
@@ -91,9 +106,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-version", metavar="VERSION",
                         help="the release you move to (the map's own target); names the old "
                              "module lost in earlier releases are reported as well")
-    parser.add_argument("-j", "--jobs", type=int, default=None,
+    parser.add_argument("-j", "--jobs", type=_positive(int, "a whole number"), default=None,
                         help="worker processes (default: CPU count)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_positive(float, "a number of seconds"),
+                        default=300.0, metavar="SECONDS",
                         help="give up on a file after this long (default 300)")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=None,
                         help="files or folders to leave out, replacing the built-in list "
@@ -152,6 +168,10 @@ def _on_sigterm():
 
 def _validate(args) -> tuple[MoveMap, str | None]:
     """Everything that can be wrong before a file is read; raises UsageError."""
+    try:
+        os.getcwd()
+    except FileNotFoundError as exc:
+        raise UsageError("the current folder no longer exists") from exc
     if "" in args.paths:
         raise UsageError("empty path argument (use '.' for the current folder)")
     if args.json == "-" and args.mode == "diff":
@@ -318,7 +338,7 @@ def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
 def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
     """Transform every file in the workers; with --write, write each as it comes back."""
     guard = TempGuard.start() if args.mode == "write" and files else None
-    jobs = args.jobs if args.jobs and args.jobs > 0 else (os.cpu_count() or 1)
+    jobs = args.jobs or os.cpu_count() or 1
     pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
     progress = _Progress(len(files))

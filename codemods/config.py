@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MMScheduleError
+from .regular_files import read_regular
 
 try:
     import tomllib
@@ -62,7 +63,7 @@ def _flag(value, key: str, where: Path) -> bool:
 
 def _table(pyproject: Path) -> dict | None:
     try:
-        raw = pyproject.read_bytes()
+        raw, _ = read_regular(pyproject)
     except OSError as exc:
         raise ConfigError(f"cannot read {pyproject}: {exc.strerror or exc}") from exc
     if f"tool.{TABLE}".encode() not in raw and f'"{TABLE}"'.encode() not in raw:

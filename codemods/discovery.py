@@ -29,11 +29,13 @@ import errno
 import fnmatch
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config, config_in
 from .failures import Failure, os_reason
+from .regular_files import NotRegularFile, kind, read_regular
 
 SUFFIXES = (".py", ".pyi", ".ipynb")
 DEFAULT_EXCLUDE = (
@@ -134,11 +136,15 @@ class _Ignore:
         whose patterns are relative to ``folder``."""
         rules_file = rules_file or folder / ".gitignore"
         try:
-            lines = rules_file.read_text("utf-8", errors="replace").splitlines()
+            lines = _text(rules_file).splitlines()
         except OSError:
             return self
         rules = [r for r in (_gitignore_rule(line, str(rules_file)) for line in lines) if r]
         return _Ignore(self, folder, rules) if rules else self
+
+
+def _text(path: Path) -> str:
+    return read_regular(path)[0].decode("utf-8", errors="replace")
 
 
 def _global_excludes() -> Path | None:
@@ -147,7 +153,7 @@ def _global_excludes() -> Path | None:
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git"
     for config in (Path.home() / ".gitconfig", xdg / "config"):
         try:
-            lines = config.read_text("utf-8", errors="replace").splitlines()
+            lines = _text(config).splitlines()
         except OSError:
             continue
         section = ""
@@ -266,6 +272,10 @@ class Walker:
             ignore = _ignore_for(real) if self.gitignore else _Ignore(None, real, [])
             self._walk(folder, real, ignore, folder)
             return
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):
+            self.result.problems.append((raw, _unreadable(NotRegularFile(real, mode))))
+            return
         if self.force_exclude:
             pattern = self._excluded_with_parents(path.absolute())
             if pattern:
@@ -354,6 +364,10 @@ class Walker:
             self.result.skipped.append((str(path), "symlinked folder (not followed)"))
             return
         if not path.name.endswith(SUFFIXES):
+            return
+        mode = os.stat(target).st_mode
+        if not stat.S_ISREG(mode):
+            self.result.skipped.append((str(path), f"symlink to {kind(mode)}, not a file"))
             return
         if not _inside(target, Path(os.path.realpath(root))):
             self.result.skipped.append(

@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .regular_files import read_regular
+
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _TEMP_SUFFIX = ".mm-schedule-codemod.tmp"
 _counter = itertools.count()
@@ -55,11 +57,8 @@ class FileChanged(Exception):
 
 
 def read_snapshot(path: Path) -> Snapshot:
-    with open(path, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
-        return Snapshot(path, handle.read(), info.st_dev, info.st_ino)
+    data, info = read_regular(path)
+    return Snapshot(path, data, info.st_dev, info.st_ino)
 
 
 @contextmanager

@@ -192,3 +192,33 @@ def test_failure_codes_and_exit_statuses_are_documented():
                    cli.EXIT_INTERRUPTED, cli.EXIT_TERMINATED):
         assert re.search(rf"^\| {status} \|", table, re.M), status
         assert re.search(rf"^  {status} ", cli.EXIT_STATUS_HELP, re.M), status
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_are_never_opened_for_reading(tree, map_file):
+    """Reading a FIFO waits for a writer forever: a FIFO named on the command line is a
+    failure, one reached through a symlink is skipped, and a FIFO where a .gitignore or a
+    pyproject.toml would be is passed over. (A subprocess, so that a regression times out
+    instead of hanging the test run.)"""
+    import subprocess
+    import sys
+
+    (tree / "a.py").write_text(MOVING)
+    (tree / "sub").mkdir()
+    (tree / "sub" / "c.py").write_text(MOVING)
+    (tree / ".git").mkdir()
+    os.mkfifo(tree / "pipe.py")
+    os.mkfifo(tree / "sub" / ".gitignore")
+    os.mkfifo(tree / "sub" / "pyproject.toml")
+    os.symlink("pipe.py", tree / "link.py")
+    report = tree.parent / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--write", ".", "pipe.py", "--json",
+         str(report), "--map", str(map_file), "-j", "1"],
+        cwd=tree, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "pipe.py: MMS904 [error] cannot read: not a regular file (a FIFO)\n" in proc.stderr
+    doc = json.loads(report.read_text())
+    assert [(f["path"], f["code"]) for f in doc["failed_files"]] == [("pipe.py", "MMS904")]
+    assert {"path": "link.py", "reason": "symlink to a FIFO, not a file"} in doc["skipped"]
+    assert sorted(doc["changed_files"]) == ["a.py", "sub/c.py"]

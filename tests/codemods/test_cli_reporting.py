@@ -72,6 +72,29 @@ def test_an_unwritable_json_path_is_refused_before_any_file_is_touched(tree, map
     assert err == f"mm-schedule-codemod: --json {target}: {reason}\n"
 
 
+@pytest.mark.parametrize("option, value, what", [
+    ("--timeout", "0", "a number of seconds"), ("--timeout", "-1", "a number of seconds"),
+    ("--timeout", "nan", "a number of seconds"), ("--timeout", "inf", "a number of seconds"),
+    ("--timeout", "soon", "a number of seconds"), ("-j", "0", "a whole number"),
+    ("-j", "-2", "a whole number"), ("-j", "1.5", "a whole number"),
+])
+def test_a_timeout_or_job_count_that_is_not_a_positive_number_is_refused(tree, map_file, capsys,
+                                                                         option, value, what):
+    assert cli.main(["--write", ".", option, value, "--map", str(map_file)]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+    err = capsys.readouterr().err
+    assert f"expected {what} above 0, got {value!r}" in err and "Traceback" not in err
+
+
+def test_a_working_folder_that_was_removed_is_refused(tmp_path, map_file, monkeypatch, capsys):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert cli.main(["--check", str(tmp_path), "--map", str(map_file)]) == 3
+    assert capsys.readouterr().err == "mm-schedule-codemod: the current folder no longer exists\n"
+
+
 def test_a_bad_config_table_is_refused(tree, map_file, capsys):
     (tree / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nexclud = ["x"]\n')
     assert cli.main(["--write", ".", "--map", str(map_file)]) == 3
