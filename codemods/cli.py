@@ -6,6 +6,7 @@ The exit statuses are listed once, in ``EXIT_STATUS_HELP`` (the end of ``--help`
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import signal
@@ -390,45 +391,90 @@ def _write(file: _File, guard: TempGuard | None) -> bool:
     return False
 
 
+class _Output:
+    """The report's writes to stdout and stderr. A reader that goes away (``| head``)
+    ends what is written to that stream, not the run: later writes to it are dropped and
+    it is pointed at /dev/null, so that no flush fails at exit. The status still says
+    what happened."""
+
+    def __init__(self) -> None:
+        self._gone: set[int] = set()
+
+    def write(self, stream, data: str | bytes) -> None:
+        if id(stream) in self._gone:
+            return
+        try:
+            if isinstance(data, str):
+                _write_text(stream, data)
+            elif hasattr(stream, "buffer"):
+                stream.flush()
+                stream.buffer.write(data)
+            else:
+                stream.write(data.decode("utf-8", "surrogateescape"))
+        except BrokenPipeError:
+            self._drop(stream)
+
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            if id(stream) not in self._gone:
+                try:
+                    stream.flush()
+                except BrokenPipeError:
+                    self._drop(stream)
+
+    def _drop(self, stream) -> None:
+        self._gone.add(id(stream))
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+
+def _write_text(stream, text: str) -> None:
+    """``text`` on ``stream``; what its encoding cannot show (a name in Chinese on an
+    ASCII terminal) comes out as backslash escapes rather than stopping the run."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+
 def _finish(args, report: RunReport) -> int:
     json_to_stdout = args.json == "-"
     text = sys.stderr if json_to_stdout or args.mode == "diff" else sys.stdout
+    out = _Output()
     if args.mode == "diff":
-        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
         for result in report.results:
             if result.changes and not result.error:
-                patch = unified_diff(result.old, result.new, result.shown)
-                if out is not None:
-                    out.write(patch)
-                else:
-                    sys.stdout.write(patch.decode("utf-8", "surrogateescape"))
-        if out is not None:
-            out.flush()
+                out.write(sys.stdout, unified_diff(result.old, result.new, result.shown))
     if not args.quiet:
         for result in report.results:
             for line in result.finding_lines():
-                text.write(line + "\n")
+                out.write(text, line + "\n")
     for line in report.failure_lines():
-        print(line, file=sys.stderr)
-    print(report.summary_line(), file=sys.stderr)
-    status = EXIT_OK
+        out.write(sys.stderr, line + "\n")
+    out.write(sys.stderr, report.summary_line() + "\n")
+    report_lost = False
     if args.json:
         document = report.to_json()
         if json_to_stdout:
-            sys.stdout.write(document)
-            sys.stdout.flush()
+            out.write(sys.stdout, document)
         else:
             try:
                 Path(args.json).write_text(document, encoding="utf-8")
             except OSError as exc:
-                print(f"mm-schedule-codemod: cannot write {args.json}: {exc.strerror or exc}",
-                      file=sys.stderr)
-                status = EXIT_FAILED
+                out.write(sys.stderr, printable(f"mm-schedule-codemod: cannot write {args.json}: "
+                                                f"{os_reason(exc)}\n"))
+                report_lost = True
+    out.flush()
     summary = report.summary()
-    if summary["files_failed"]:
+    if summary["files_failed"] or report_lost:
         return EXIT_FAILED
-    if status:
-        return status
     if args.mode == "write":
         return EXIT_REMAINING if summary["manual"] else EXIT_OK
     return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK

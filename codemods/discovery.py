@@ -30,6 +30,7 @@ import fnmatch
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -236,6 +237,16 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+@dataclass
+class _Level:
+    """A folder being walked: its entries not yet taken, and what applies inside it."""
+
+    entries: Iterator[os.DirEntry]
+    real_folder: Path
+    ignore: _Ignore
+    excludes: _Excludes
+
+
 class Walker:
     def __init__(self, config: Config, *, exclude=None, extend_exclude=(),
                  force_exclude: bool | None = None, respect_gitignore: bool | None = None) -> None:
@@ -296,29 +307,44 @@ class Walker:
         return None
 
     def _walk(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+        """Depth first, in name order, with a stack of its own rather than recursion: a tree
+        can be nested deeper than Python's recursion limit."""
+        outer = self.excludes
+        stack: list[_Level] = []
+        self._enter(folder, real_folder, ignore, root, stack)
+        try:
+            while stack:
+                level = stack[-1]
+                entry = next(level.entries, None)
+                if entry is None:
+                    stack.pop()
+                    continue
+                self.excludes = level.excludes
+                try:
+                    below = self._entry(entry, level.real_folder, level.ignore, root)
+                    if below is not None:
+                        self._enter(*below, root, stack)
+                except OSError as exc:  # e.g. a folder that can be listed but not searched
+                    self.result.problems.append(
+                        (entry.path, _unreadable(exc, folder=_is_folder(entry))))
+        finally:
+            self.excludes = outer
+
+    def _enter(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path,
+               stack: list[_Level]) -> None:
+        """Put ``folder``'s entries on the stack, with the excludes in force inside it."""
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as exc:
             self.result.problems.append((str(folder), _unreadable(exc, folder=True)))
             return
         nested = config_in(real_folder) if folder != root else None
-        if nested is None:
-            self._entries(entries, real_folder, ignore, root)
-            return
-        outer, self.excludes = self.excludes, _Excludes(nested, *self._cli_excludes)
-        try:
-            self._entries(entries, real_folder, ignore, root)
-        finally:
-            self.excludes = outer
+        excludes = _Excludes(nested, *self._cli_excludes) if nested else self.excludes
+        stack.append(_Level(iter(entries), real_folder, ignore, excludes))
 
-    def _entries(self, entries, real_folder: Path, ignore: _Ignore, root: Path) -> None:
-        for entry in entries:
-            try:
-                self._entry(entry, real_folder, ignore, root)
-            except OSError as exc:  # e.g. a folder that can be listed but not searched
-                self.result.problems.append((entry.path, _unreadable(exc, folder=_is_folder(entry))))
-
-    def _entry(self, entry: os.DirEntry, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+    def _entry(self, entry: os.DirEntry, real_folder: Path,
+               ignore: _Ignore, root: Path) -> tuple[Path, Path, _Ignore] | None:
+        """Take one entry; a folder to walk into is returned (path, real path, rules)."""
         path = Path(entry.path)
         if entry.is_symlink():
             self._link(path, ignore, root)
@@ -326,15 +352,16 @@ class Walker:
             reason = self._folder_skip(path, real_folder / entry.name, ignore)
             if reason:
                 self.result.skipped.append((str(path), reason))
-                return
+                return None
             child = real_folder / entry.name
-            self._walk(path, child, ignore.child(child) if self.gitignore else ignore, root)
+            return path, child, ignore.child(child) if self.gitignore else ignore
         elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
             reason = self._file_skip(path, real_folder / entry.name, ignore)
             if reason:
                 self.result.skipped.append((str(path), reason))
             else:
                 self.result.files.append(Found(path, real_folder / entry.name, root))
+        return None
 
     def _folder_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:
         pattern = self.excludes.match(path)

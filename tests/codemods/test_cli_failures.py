@@ -222,3 +222,41 @@ def test_fifos_are_never_opened_for_reading(tree, map_file):
     assert [(f["path"], f["code"]) for f in doc["failed_files"]] == [("pipe.py", "MMS904")]
     assert {"path": "link.py", "reason": "symlink to a FIFO, not a file"} in doc["skipped"]
     assert sorted(doc["changed_files"]) == ["a.py", "sub/c.py"]
+
+
+def test_a_tree_nested_deeper_than_the_recursion_limit_is_walked(tree, map_file, capsys, cli_main):
+    import sys
+
+    depth = sys.getrecursionlimit() + 200
+    fd = os.open(tree, os.O_RDONLY)
+    try:
+        for _ in range(depth):  # through folder descriptors: no path grows with the depth
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open("x.py", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd), "w") as handle:
+            handle.write(MOVING)
+    finally:
+        os.close(fd)
+    try:
+        assert cli_main("--write", ".", map_file=map_file) == 0
+        deepest = tree.joinpath(*["d"] * depth, "x.py")
+        assert deepest.read_text() == MOVED
+        assert "Traceback" not in capsys.readouterr().err
+    finally:
+        _remove_chain(tree / "d")
+
+
+def _remove_chain(top):
+    """Remove a chain of nested ``d`` folders level by level (a recursive removal would
+    itself exceed the recursion limit): the child moves up and its parent goes."""
+    while top.exists():
+        for name in os.listdir(top):
+            if name != "d":
+                os.unlink(top / name)
+        if (top / "d").exists():
+            os.rename(top / "d", top.parent / "next")
+        os.rmdir(top)
+        if (top.parent / "next").exists():
+            os.rename(top.parent / "next", top)

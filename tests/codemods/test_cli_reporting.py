@@ -4,6 +4,7 @@ only what happened: pure JSON on stdout, fixable vs fixed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -174,3 +175,33 @@ def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monke
     assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
     assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
     assert "this map targets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, status", [("--check", 1), ("--diff", 1), ("--write", 0)])
+def test_a_reader_that_stops_early_ends_the_output_not_the_run(tree, map_file, mode, status):
+    """``mm-schedule-codemod . | head -1``: far more output than a pipe holds, and the
+    reader leaves after one line. The run still finishes, writes, and reports on stderr."""
+    for i in range(900):  # about 90 kB of findings, more than a pipe holds
+        (tree / f"m{i:03}.py").write_text(MOVING)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mm_schedule.codemods", mode, ".", "--map", str(map_file)],
+        cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == status, err
+    assert first.startswith("diff --git a/" if mode == "--diff" else "a.py:1:42: MMS001")
+    assert "Traceback" not in err and "Exception ignored" not in err
+    done = "901 changed" if mode == "--write" else "901 would change"
+    assert err.splitlines()[-1].startswith(f"901 files scanned, {done}, 901 findings")
+    assert ("mm_schedule import" in (tree / "m899.py").read_text()) == (mode == "--write")
+
+
+def test_names_the_terminal_cannot_show_come_out_as_escapes(tree, map_file):
+    (tree / "名.py").write_text(MOVING)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--check", ".", "--map", str(map_file)],
+        cwd=tree, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 1, proc.stderr
+    assert "\\u540d.py:1:42: MMS001 [fixable]" in proc.stdout and "Traceback" not in proc.stderr
