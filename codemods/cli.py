@@ -385,6 +385,9 @@ def _write(file: _File, guard: TempGuard | None) -> bool:
                                       f"cannot read after it changed: {os_reason(exc)}")
             return False
         return True
+    except FileNotFoundError:  # removed meanwhile: writing would bring it back
+        result.error = Failure.of("changed-during-run", "removed while being migrated; "
+                                                        "not written")
     except OSError as exc:
         result.error = Failure.of("unwritable", f"cannot write: {os_reason(exc)}; "
                                                 "file left as is")

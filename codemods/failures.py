@@ -26,8 +26,8 @@ FAILURES: dict[str, tuple[str, str]] = {
                "or memory, or an internal error on that file"),
     "MMS908": ("timeout", "a file that took longer than --timeout to migrate"),
     "MMS909": ("unwritable", "a file whose new content could not be written; it is as it was"),
-    "MMS910": ("changed-during-run", "a file that kept changing while it was migrated; it keeps "
-               "the content it was given meanwhile"),
+    "MMS910": ("changed-during-run", "a file that kept changing while it was migrated, or was "
+               "removed; it keeps what was done to it meanwhile"),
     "MMS911": ("notebook-not-written", "a notebook whose JSON layout could not be reproduced; "
                "its findings are reported, the file is not written"),
 }

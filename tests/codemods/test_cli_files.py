@@ -224,3 +224,21 @@ def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_fi
     assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_bytes() == MOVED and target.stat().st_ino == inode
     assert _names(tree) == ["theirs.py"]
+
+
+def test_a_file_removed_during_the_run_is_not_brought_back(tree, map_file, monkeypatch, capsys,
+                                                           cli_main):
+    (tree / "a.py").write_bytes(MOVING)
+    (tree / "b.py").write_bytes(MOVING)
+    real_replace = cli.replace
+
+    def remove_first(snapshot, data, guard=None):
+        if snapshot.path.name == "a.py":
+            os.unlink(snapshot.path)
+        return real_replace(snapshot, data, guard)
+
+    monkeypatch.setattr(cli, "replace", remove_first)
+    assert cli_main("--write", ".", map_file=map_file) == 2
+    assert not (tree / "a.py").exists() and (tree / "b.py").read_bytes() == MOVED
+    err = capsys.readouterr().err
+    assert "a.py: MMS910 [error] removed while being migrated; not written\n" in err
