@@ -339,7 +339,7 @@ class Walker:
             self.result.problems.append((str(folder), _unreadable(exc, folder=True)))
             return
         nested = config_in(real_folder) if folder != root else None
-        excludes = _Excludes(nested, *self._cli_excludes) if nested else self.excludes
+        excludes = self.excludes if nested is None else _Excludes(nested, *self._cli_excludes)
         stack.append(_Level(iter(entries), real_folder, ignore, excludes))
 
     def _entry(self, entry: os.DirEntry, real_folder: Path,
