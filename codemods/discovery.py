@@ -265,7 +265,7 @@ class Walker:
                                                          "no such file or folder")))
             return
         except OSError as exc:
-            self.result.problems.append((raw, _unreadable(exc)))
+            self.result.problems.append((raw, _link_problem(path, exc)))
             return
         try:
             real = Path(os.path.realpath(path, strict=True))
@@ -412,18 +412,25 @@ def _unreadable(exc: OSError, *, folder: bool = False) -> Failure:
 
 
 def _link_problem(path: Path, exc: OSError) -> Failure:
-    """Why the symlink ``path`` (or a link on the way to its target) cannot be followed."""
+    """Why the symlink ``path`` (or a link on the way to it) cannot be followed."""
     try:
         target = os.readlink(path)
-    except OSError:  # not itself a link: one of its folders is
+    except OSError:  # not itself a link: a folder on the way is
         target = None
-    points = f"it points to {target!r}" if target is not None else "a link on its way"
-    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-        return Failure.of("broken-symlink", f"broken symlink: {points}, which does not exist")
     if exc.errno == errno.ELOOP:
-        return Failure.of("symlink-loop", f"symlink loop: {points}, and following the links "
-                                          "never reaches a file")
-    return _unreadable(exc)
+        where = f"it points to {target!r}, and following" if target is not None else "following"
+        return Failure.of("symlink-loop", f"symlink loop: {where} the links never reaches a file")
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return _unreadable(exc)
+    if target is None:
+        return Failure.of("broken-symlink", "a symlink on the way to it leads nowhere")
+    first = os.path.join(os.path.dirname(os.path.abspath(path)), target)
+    if os.path.islink(first):  # a chain: name where it ends
+        end = shown(Path(os.path.realpath(path)))
+        return Failure.of("broken-symlink", f"broken symlink: it points to {target!r}, a link "
+                                            f"that leads to {end!r}, which does not exist")
+    return Failure.of("broken-symlink", f"broken symlink: it points to {target!r}, which does "
+                                        "not exist")
 
 
 def shown(path: Path) -> str:
@@ -464,7 +471,9 @@ def discover(paths, config_for, **options) -> Discovery:
                 continue
             seen.add((info.st_dev, info.st_ino))
             result.files.append(found)
-    result.problems = [(shown(Path(p).absolute()), why) for p, why in result.problems]
+    # dict: a path reached twice (walked, and named on the command line) is reported once
+    result.problems = list(dict.fromkeys((shown(Path(p).absolute()), why)
+                                         for p, why in result.problems))
     result.skipped = [(shown(Path(p).absolute()), why) for p, why in result.skipped]
     return result
 

@@ -38,6 +38,21 @@ def _broken_link(tree, monkeypatch):
                                         "not exist")]
 
 
+def _link_chain(tree, monkeypatch):
+    os.symlink("c2.py", tree / "c1.py")
+    os.symlink("gone.py", tree / "c2.py")
+    return ["c1.py"], [  # named too: reported once
+        ("c1.py", "MMS902", "broken symlink: it points to 'c2.py', a link that leads to "
+                            "'gone.py', which does not exist"),
+        ("c2.py", "MMS902", "broken symlink: it points to 'gone.py', which does not exist")]
+
+
+def _loop_on_the_way(tree, monkeypatch):
+    os.symlink("loop", tree / "loop")
+    return ["loop/x.py"], [("loop/x.py", "MMS903", "symlink loop: following the links never "
+                                                   "reaches a file")]
+
+
 def _missing_argument(tree, monkeypatch):
     return ["nope.py", "sub/nope.py"], [("nope.py", "MMS901", "no such file or folder"),
                                         ("sub/nope.py", "MMS901", "no such file or folder")]
@@ -106,7 +121,8 @@ def _undecodable_name(tree, monkeypatch):
     return [], [("bad\\udcff.py", "MMS905", "file name is not valid UTF-8; not processed")]
 
 
-SCENARIOS = [_self_link, _two_link_loop, _broken_link, _missing_argument, _unlistable_folder,
+SCENARIOS = [_self_link, _two_link_loop, _broken_link, _link_chain, _loop_on_the_way,
+             _missing_argument, _unlistable_folder,
              _unsearchable_folder, _unreadable_file, _undecodable_name]
 
 
