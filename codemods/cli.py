@@ -20,7 +20,7 @@ import libcst as cst
 
 from ..errors import MoveMapError
 from .config import Config, ConfigError, find_config
-from .diffs import unified_diff
+from .diffs import patch_path, unified_diff
 from .discovery import Discovery, discover, shown
 from .failures import Failure, os_reason
 from .fidelity import at_risk, keep_untouched_lines
@@ -454,7 +454,8 @@ def _finish(args, report: RunReport) -> int:
     if args.mode == "diff":
         for result in report.results:
             if result.changes and not result.error:
-                out.write(sys.stdout, unified_diff(result.old, result.new, result.shown))
+                out.write(sys.stdout, unified_diff(result.old, result.new,
+                                                   patch_path(result.shown)))
     if not args.quiet:
         for result in report.results:
             for line in result.finding_lines():

@@ -169,11 +169,17 @@ def _global_excludes() -> Path | None:
     return xdg / "ignore"
 
 
+def repository_top(folder: Path) -> Path | None:
+    """The top folder of the git repository ``folder`` is in (a ``.git`` folder, or the
+    ``.git`` file of a worktree or submodule), or None."""
+    return next((p for p in (folder, *folder.parents) if os.path.exists(p / ".git")), None)
+
+
 def _ignore_for(folder: Path) -> _Ignore:
     """Rules of the enclosing repository, weakest first: the user's global excludes file,
     ``info/exclude``, then each ``.gitignore`` from the top down to ``folder``."""
     chain = [folder, *folder.parents]
-    top = next((p for p in chain if (p / ".git").exists()), None)
+    top = repository_top(folder)
     ignore = _Ignore(None, folder, [])
     if top is None:
         return ignore.child(folder)
