@@ -341,6 +341,9 @@ class Walker:
         """Put ``folder``'s entries on the stack, with the excludes in force inside it."""
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            # Listing needs read permission, looking at what is listed needs search
+            # permission: a folder without it is one problem, not one per entry.
+            os.stat(os.path.join(folder, os.curdir))
         except OSError as exc:
             self.result.problems.append((str(folder), _unreadable(exc, folder=True)))
             return

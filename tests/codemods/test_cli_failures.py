@@ -93,7 +93,8 @@ def _unsearchable_folder(tree, monkeypatch):
             real = getattr(os, name)
 
             def denied(path, *args, real=real, **kwargs):
-                if not isinstance(path, int) and Path(os.fsdecode(path)).parent.name == "closed":
+                folder = os.path.dirname(os.fsdecode(path)) if not isinstance(path, int) else ""
+                if os.path.basename(folder) == "closed":
                     raise PermissionError(13, "Permission denied", os.fsdecode(path))
                 return real(path, *args, **kwargs)
 
