@@ -31,7 +31,7 @@ from .reporting import FileResult, RunReport, printable
 from .resolve import package_for
 from .transform import fork_warnings, migrate_source
 from .workers import Outcome, Task, WorkerPool
-from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
+from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace, unwritable_reason
 
 EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
@@ -178,15 +178,9 @@ def _validate(args) -> tuple[MoveMap, str | None]:
     if args.json == "-" and args.mode == "diff":
         raise UsageError("--json - and --diff both write to stdout; give --json a file")
     if args.json and args.json != "-":
-        target = Path(args.json)
-        if target.is_dir():
-            raise UsageError(f"--json {args.json}: is a folder")
-        parent = target.absolute().parent
-        if not parent.is_dir():
-            raise UsageError(f"--json {args.json}: {parent} " + (
-                "is not a folder" if parent.exists() else "does not exist"))
-        if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-            raise UsageError(f"--json {args.json}: not writable")
+        reason = unwritable_reason(args.json)
+        if reason:
+            raise UsageError(f"--json {args.json}: {reason}")
     try:
         config = find_config(Path.cwd())
         map_path = args.map or config.map

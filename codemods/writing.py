@@ -61,6 +61,20 @@ def read_snapshot(path: Path) -> Snapshot:
     return Snapshot(path, data, info.st_dev, info.st_ino)
 
 
+def unwritable_reason(path: str) -> str | None:
+    """Why a report could not be written at ``path`` (checked before a run starts), or
+    None if nothing stands in the way."""
+    target = Path(path)
+    if target.is_dir():
+        return "is a folder"
+    folder = target.absolute().parent
+    if not folder.is_dir():
+        return f"{folder} " + ("is not a folder" if folder.exists() else "does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return "not writable"
+    return None
+
+
 @contextmanager
 def signals_held():
     """Delay SIGINT/SIGTERM until the block ends (they are delivered then)."""
