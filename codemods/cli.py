@@ -1,20 +1,13 @@
 """``mm-schedule-codemod``: migrate code across a module split (and ``derive`` a map).
 
-Exit status:
-  0    nothing left to do
-  1    changes or findings remain (``--check``, ``--diff``), or findings that need a
-       person remain (``--write``)
-  2    some paths could not be processed: unparsable, crashed the parser, unreadable,
-       unwritable, changed during the run, missing; they are listed and every other
-       file is still processed
-  3    the run could not start (bad option, malformed move map or configuration,
-       unwritable ``--json`` path); nothing was read or written
-  130  interrupted (Ctrl-C), 143 terminated (SIGTERM): each file is old or new
+The exit statuses are listed once, in ``EXIT_STATUS_HELP`` (the end of ``--help``).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import math
 import os
 import signal
 import sys
@@ -27,8 +20,9 @@ import libcst as cst
 
 from ..errors import MoveMapError
 from .config import Config, ConfigError, find_config
-from .diffs import unified_diff
-from .discovery import Discovery, discover
+from .diffs import patch_path, unified_diff
+from .discovery import Discovery, discover, shown
+from .failures import Failure, os_reason
 from .fidelity import at_risk, keep_untouched_lines
 from .move_map import MoveMap, load_map
 from .notebooks import NotebookError, migrate_notebook
@@ -37,10 +31,27 @@ from .reporting import FileResult, RunReport, printable
 from .resolve import package_for
 from .transform import fork_warnings, migrate_source
 from .workers import Outcome, Task, WorkerPool
-from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace
+from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace, unwritable_reason
 
 EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+EXIT_STATUS_HELP = """\
+exit status:
+  0    nothing left to do
+  1    changes or findings remain (--check, --diff), or findings that need a
+       person remain (--write)
+  2    some paths could not be processed, and every other file was: each is
+       listed with its MMS9xx code (a missing path, a broken or looping symlink,
+       an unreadable file or folder, a file name that is not UTF-8, a file that
+       cannot be parsed, crashes the parser, times out, cannot be written or
+       keeps changing during the run)
+  3    the run did not start and no file was read or written: a bad option, an
+       empty path, a malformed move map or [tool.mm-schedule-codemod] table, a
+       --json path that cannot be written
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)
+       (either way each file is as it was or fully migrated)
+"""
 _RETRIES = 1  # times a file edited during the run is read and migrated again
 
 
@@ -58,14 +69,30 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+def _positive(kind: type, what: str):
+    """An argparse type: a finite number above zero."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise argparse.ArgumentTypeError(f"expected {what} above 0, got {text!r}")
+        return value
+
+    return convert
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mm-schedule-codemod",
         description=(
-            "Migrate code across a module split (default: SGLang's "
-            "sglang.srt.managers.mm_utils -> mm_schedule). "
+            "Migrate code across a module split (default: SGLang's\n"
+            "sglang.srt.managers.mm_utils -> mm_schedule).\n"
             "'mm-schedule-codemod derive --help' builds a move map from two source versions."
         ),
+        epilog=EXIT_STATUS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to process")
     mode = parser.add_mutually_exclusive_group()
@@ -80,9 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-version", metavar="VERSION",
                         help="the release you move to (the map's own target); names the old "
                              "module lost in earlier releases are reported as well")
-    parser.add_argument("-j", "--jobs", type=int, default=None,
+    parser.add_argument("-j", "--jobs", type=_positive(int, "a whole number"), default=None,
                         help="worker processes (default: CPU count)")
-    parser.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_positive(float, "a number of seconds"),
+                        default=300.0, metavar="SECONDS",
                         help="give up on a file after this long (default 300)")
     parser.add_argument("--exclude", metavar="PATTERN", action="append", default=None,
                         help="files or folders to leave out, replacing the built-in list "
@@ -139,31 +167,20 @@ def _on_sigterm():
         return None
 
 
-def _shown(path: Path) -> str:
-    """Path as printed and as used in diffs: relative to the working folder if inside it."""
-    for cwd in (Path.cwd().resolve(), Path.cwd()):
-        try:
-            return path.relative_to(cwd).as_posix()
-        except ValueError:
-            pass
-    return path.as_posix()
-
-
 def _validate(args) -> tuple[MoveMap, str | None]:
     """Everything that can be wrong before a file is read; raises UsageError."""
+    try:
+        os.getcwd()
+    except FileNotFoundError as exc:
+        raise UsageError("the current folder no longer exists") from exc
     if "" in args.paths:
         raise UsageError("empty path argument (use '.' for the current folder)")
     if args.json == "-" and args.mode == "diff":
         raise UsageError("--json - and --diff both write to stdout; give --json a file")
     if args.json and args.json != "-":
-        target = Path(args.json)
-        if target.is_dir():
-            raise UsageError(f"--json {args.json}: is a folder")
-        parent = target.absolute().parent
-        if not parent.is_dir():
-            raise UsageError(f"--json {args.json}: folder {parent} does not exist")
-        if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-            raise UsageError(f"--json {args.json}: not writable")
+        reason = unwritable_reason(args.json)
+        if reason:
+            raise UsageError(f"--json {args.json}: {reason}")
     try:
         config = find_config(Path.cwd())
         map_path = args.map or config.map
@@ -181,7 +198,8 @@ def _make_transform(move_map: MoveMap):
             if task.notebook:
                 done = migrate_notebook(task.source, move_map, path=task.shown,
                                         package=task.package, gate=gate)
-                return Outcome(done.new_source, done.findings, done.cells, done.note)
+                note = Failure.of("notebook-not-written", done.note) if done.note else None
+                return Outcome(done.new_source, done.findings, done.cells, note)
             done = migrate_source(task.source, move_map, path=task.shown,
                                   package=task.package, gate=gate)
             new_source = done.new_source
@@ -189,10 +207,11 @@ def _make_transform(move_map: MoveMap):
                 new_source = keep_untouched_lines(task.source, new_source)
             return Outcome(new_source, done.findings)
         except cst.ParserSyntaxError as exc:
-            return Outcome(error=f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
-                                 f"{exc.message}; file left as is")
+            return Outcome(error=Failure.of(
+                "syntax-error", f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
+                                f"{exc.message}; file left as is"))
         except (UnicodeDecodeError, SyntaxError, NotebookError) as exc:
-            return Outcome(error=f"cannot parse: {exc}; file left as is")
+            return Outcome(error=Failure.of("syntax-error", f"cannot parse: {exc}; file left as is"))
 
     return transform
 
@@ -275,8 +294,6 @@ def _discover(args) -> Discovery:
                          respect_gitignore=args.respect_gitignore)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
-    found.skipped = [(_shown(Path(path).absolute()), why) for path, why in found.skipped]
-    found.problems = [(_shown(Path(path).absolute()), why) for path, why in found.problems]
     if args.verbose:
         for path, reason in found.skipped:
             print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
@@ -288,23 +305,17 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
     files never reach a worker), and the problems met so far."""
     files, problems = [], list(found.problems)
     for item in found.files:
-        shown = _shown(item.real)
-        try:
-            shown.encode("utf-8")
-        except UnicodeEncodeError:
-            problems.append((printable(shown), "file name is not valid UTF-8; skipped (a diff or "
-                                               "report could not name it)"))
-            continue
+        name = shown(item.real)
         if args.verbose and item.path.absolute() != item.real:
-            print(printable(f"{item.path}: symlink, its target {shown} is processed"),
+            print(printable(f"{item.path}: symlink, its target {name} is processed"),
                   file=sys.stderr)
         try:
             snapshot = read_snapshot(item.real)
         except OSError as exc:
-            problems.append((shown, f"cannot read: {exc.strerror or exc}"))
+            problems.append((name, Failure.of("unreadable", f"cannot read: {os_reason(exc)}")))
             continue
         if gate.mentions(snapshot.data):
-            files.append(_File(FileResult(shown), snapshot, package_for(item.real, item.root),
+            files.append(_File(FileResult(name), snapshot, package_for(item.real, item.root),
                                item.real.suffix == ".ipynb"))
     return files, problems
 
@@ -312,16 +323,8 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
 def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
     """The old module's own file in the tree (a fork): said before anything is rewritten,
     and reported as a finding."""
-    shown = []
-    for item in found.files:
-        path = _shown(item.real)
-        try:
-            path.encode("utf-8")
-        except UnicodeEncodeError:
-            continue
-        shown.append(path)
     notices = []
-    for finding in fork_warnings(shown, move_map):
+    for finding in fork_warnings([shown(item.real) for item in found.files], move_map):
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices
@@ -330,7 +333,7 @@ def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
 def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
     """Transform every file in the workers; with --write, write each as it comes back."""
     guard = TempGuard.start() if args.mode == "write" and files else None
-    jobs = args.jobs if args.jobs and args.jobs > 0 else (os.cpu_count() or 1)
+    jobs = args.jobs or os.cpu_count() or 1
     pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
     progress = _Progress(len(files))
@@ -365,59 +368,111 @@ def _write(file: _File, guard: TempGuard | None) -> bool:
         result.written = True
     except FileChanged:
         if file.retries >= _RETRIES:
-            result.error = "changed again while being migrated; left as is (run again)"
+            result.error = Failure.of("changed-during-run", "changed again while being "
+                                      "migrated; left with its new content (run again)")
             return False
         file.retries += 1
         try:
             file.snapshot = read_snapshot(file.snapshot.path)
         except OSError as exc:
-            result.error = f"cannot read after it changed: {exc.strerror or exc}"
+            result.error = Failure.of("unreadable",
+                                      f"cannot read after it changed: {os_reason(exc)}")
             return False
         return True
+    except FileNotFoundError:  # removed meanwhile: writing would bring it back
+        result.error = Failure.of("changed-during-run", "removed while being migrated; "
+                                                        "not written")
     except OSError as exc:
-        result.error = f"cannot write: {exc.strerror or exc}; file left as is"
+        result.error = Failure.of("unwritable", f"cannot write: {os_reason(exc)}; "
+                                                "file left as is")
     return False
+
+
+class _Output:
+    """The report's writes to stdout and stderr. A reader that goes away (``| head``)
+    ends what is written to that stream, not the run: later writes to it are dropped and
+    it is pointed at /dev/null, so that no flush fails at exit. The status still says
+    what happened."""
+
+    def __init__(self) -> None:
+        self._gone: set[int] = set()
+
+    def write(self, stream, data: str | bytes) -> None:
+        if id(stream) in self._gone:
+            return
+        try:
+            if isinstance(data, str):
+                _write_text(stream, data)
+            elif hasattr(stream, "buffer"):
+                stream.flush()
+                stream.buffer.write(data)
+            else:
+                stream.write(data.decode("utf-8", "surrogateescape"))
+        except BrokenPipeError:
+            self._drop(stream)
+
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            if id(stream) not in self._gone:
+                try:
+                    stream.flush()
+                except BrokenPipeError:
+                    self._drop(stream)
+
+    def _drop(self, stream) -> None:
+        self._gone.add(id(stream))
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+
+def _write_text(stream, text: str) -> None:
+    """``text`` on ``stream``; what its encoding cannot show (a name in Chinese on an
+    ASCII terminal) comes out as backslash escapes rather than stopping the run."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
 def _finish(args, report: RunReport) -> int:
     json_to_stdout = args.json == "-"
     text = sys.stderr if json_to_stdout or args.mode == "diff" else sys.stdout
+    out = _Output()
     if args.mode == "diff":
-        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
         for result in report.results:
             if result.changes and not result.error:
-                patch = unified_diff(result.old, result.new, result.shown)
-                if out is not None:
-                    out.write(patch)
-                else:
-                    sys.stdout.write(patch.decode("utf-8", "surrogateescape"))
-        if out is not None:
-            out.flush()
+                out.write(sys.stdout, unified_diff(result.old, result.new,
+                                                   patch_path(result.shown)))
     if not args.quiet:
         for result in report.results:
             for line in result.finding_lines():
-                text.write(line + "\n")
+                out.write(text, line + "\n")
     for line in report.failure_lines():
-        print(line, file=sys.stderr)
-    print(report.summary_line(), file=sys.stderr)
-    status = EXIT_OK
+        out.write(sys.stderr, line + "\n")
+    out.write(sys.stderr, report.summary_line() + "\n")
+    report_lost = False
     if args.json:
         document = report.to_json()
         if json_to_stdout:
-            sys.stdout.write(document)
-            sys.stdout.flush()
+            out.write(sys.stdout, document)
         else:
             try:
                 Path(args.json).write_text(document, encoding="utf-8")
             except OSError as exc:
-                print(f"mm-schedule-codemod: cannot write {args.json}: {exc.strerror or exc}",
-                      file=sys.stderr)
-                status = EXIT_FAILED
+                out.write(sys.stderr, printable(f"mm-schedule-codemod: cannot write {args.json}: "
+                                                f"{os_reason(exc)}\n"))
+                report_lost = True
+    out.flush()
     summary = report.summary()
-    if summary["files_failed"]:
+    if summary["files_failed"] or report_lost:
         return EXIT_FAILED
-    if status:
-        return status
     if args.mode == "write":
         return EXIT_REMAINING if summary["manual"] else EXIT_OK
     return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK

@@ -17,10 +17,13 @@ Command-line options win over the file.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import MMScheduleError
+from .regular_files import read_regular
 
 try:
     import tomllib
@@ -60,7 +63,7 @@ def _flag(value, key: str, where: Path) -> bool:
 
 def _table(pyproject: Path) -> dict | None:
     try:
-        raw = pyproject.read_bytes()
+        raw, _ = read_regular(pyproject)
     except OSError as exc:
         raise ConfigError(f"cannot read {pyproject}: {exc.strerror or exc}") from exc
     if f"tool.{TABLE}".encode() not in raw and f'"{TABLE}"'.encode() not in raw:
@@ -80,8 +83,11 @@ def _table(pyproject: Path) -> dict | None:
 def config_in(folder: Path) -> Config | None:
     """The settings of ``folder/pyproject.toml``, or None if it has no table."""
     pyproject = folder / "pyproject.toml"
-    if not pyproject.is_file():
-        return None
+    try:
+        if not stat.S_ISREG(os.stat(pyproject).st_mode):
+            return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # any other OSError: a folder that cannot be searched, for the caller
     table = _table(pyproject)
     if table is None:
         return None
@@ -106,9 +112,12 @@ def config_in(folder: Path) -> Config | None:
 def find_config(start: Path) -> Config:
     """The settings in force for ``start`` (a file or a folder)."""
     start = start.absolute()
-    folder = start if start.is_dir() else start.parent
+    folder = start if os.path.isdir(start) else start.parent
     for candidate in (folder, *folder.parents):
-        found = config_in(candidate)
+        try:
+            found = config_in(candidate)
+        except OSError:  # a folder that cannot be searched: nothing below it is reachable,
+            continue  # and discovery reports the path itself
         if found is not None:
             return found
     return Config()

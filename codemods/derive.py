@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import MoveMapError
 from .move_map import MovedName, MoveMap, load_map
+from .writing import unwritable_reason
 
 PROG = "mm-schedule-codemod derive"
 SGLANG_OLD_MODULE = "sglang.srt.managers.mm_utils"
@@ -638,6 +639,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv = argv[1:]
     parser = _parser()
     args = parser.parse_args(argv)
+    reason = unwritable_reason(args.output) if args.output else None
+    if reason:  # said before a derivation that may download wheels
+        parser.error(f"-o {args.output}: {reason}")
     try:
         if args.from_wheels:
             if args.new or args.package_root:
@@ -663,8 +667,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         out = Path(args.output)
         tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, out)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            print(f"{PROG}: error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     elif checked is None:
         sys.stdout.write(text)
 

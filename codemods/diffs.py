@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
+
+from .discovery import repository_top
 
 _LINE = re.compile(rb"[^\n]*\n|[^\n]+\Z")
 _NO_NEWLINE = b"\\ No newline at end of file\n"
@@ -30,10 +33,27 @@ def _quoted(name: str) -> bytes:
     return b'"' + body + b'"'
 
 
-def unified_diff(old: bytes, new: bytes, shown: str) -> bytes:
-    """The patch turning ``old`` into ``new`` for the file at ``shown`` (a path relative
-    to the folder the patch is applied in), with ``a/`` and ``b/`` prefixes."""
-    a_name, b_name = _quoted("a/" + shown), _quoted("b/" + shown)
+def patch_path(shown: str) -> str:
+    """The name a patch gives the file a report names ``shown`` (relative to the working
+    folder, or absolute): as ``git diff`` names it, relative to the top of the git
+    repository the run is in, so that ``git apply`` works from any folder of it (from a
+    subfolder it ignores paths that are not relative to the top); outside a repository,
+    relative to the working folder; a file outside both by its absolute path without the
+    leading slash, as ``git diff --no-index`` writes it (it applies from ``/``)."""
+    cwd = Path.cwd().resolve()
+    top = repository_top(cwd)
+    if top is not None:
+        try:
+            return (cwd / shown).relative_to(top).as_posix()
+        except ValueError:
+            pass
+    return shown.lstrip("/")
+
+
+def unified_diff(old: bytes, new: bytes, name: str) -> bytes:
+    """The patch turning ``old`` into ``new`` for the file at ``name`` (see ``patch_path``),
+    with ``a/`` and ``b/`` prefixes."""
+    a_name, b_name = _quoted("a/" + name), _quoted("b/" + name)
     out = [b"diff --git " + a_name + b" " + b_name + b"\n"]
     body = difflib.diff_bytes(difflib.unified_diff, _lines(old), _lines(new), a_name, b_name,
                               lineterm=b"\n")

@@ -17,19 +17,26 @@ Exclude patterns come from the nearest ``[tool.mm-schedule-codemod]`` table, and
 folder inside the tree with its own table uses that one below it (as ruff does).
 A file named on the command line is always processed (a symlink: its target is
 written), unless ``force-exclude`` is set and an exclude pattern matches it.
-Problems (a missing path, a symlink loop, an unreadable folder) are collected, not
-raised: the run processes everything else and reports them.
+Problems (a missing path, a broken link or a symlink loop, a folder or file that
+cannot be looked at, a file name that is not UTF-8) are collected, each with its
+failure code, never raised: discovery ends before the first file is read, and the
+run then processes everything else and reports them.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Config, config_in
+from .failures import Failure, os_reason
+from .regular_files import NotRegularFile, kind, read_regular
 
 SUFFIXES = (".py", ".pyi", ".ipynb")
 DEFAULT_EXCLUDE = (
@@ -50,7 +57,7 @@ class Found:
 @dataclass
 class Discovery:
     files: list[Found] = field(default_factory=list)
-    problems: list[tuple[str, str]] = field(default_factory=list)  # (path, what went wrong)
+    problems: list[tuple[str, Failure]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
 
 
@@ -130,11 +137,15 @@ class _Ignore:
         whose patterns are relative to ``folder``."""
         rules_file = rules_file or folder / ".gitignore"
         try:
-            lines = rules_file.read_text("utf-8", errors="replace").splitlines()
+            lines = _text(rules_file).splitlines()
         except OSError:
             return self
         rules = [r for r in (_gitignore_rule(line, str(rules_file)) for line in lines) if r]
         return _Ignore(self, folder, rules) if rules else self
+
+
+def _text(path: Path) -> str:
+    return read_regular(path)[0].decode("utf-8", errors="replace")
 
 
 def _global_excludes() -> Path | None:
@@ -143,7 +154,7 @@ def _global_excludes() -> Path | None:
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git"
     for config in (Path.home() / ".gitconfig", xdg / "config"):
         try:
-            lines = config.read_text("utf-8", errors="replace").splitlines()
+            lines = _text(config).splitlines()
         except OSError:
             continue
         section = ""
@@ -158,11 +169,17 @@ def _global_excludes() -> Path | None:
     return xdg / "ignore"
 
 
+def repository_top(folder: Path) -> Path | None:
+    """The top folder of the git repository ``folder`` is in (a ``.git`` folder, or the
+    ``.git`` file of a worktree or submodule), or None."""
+    return next((p for p in (folder, *folder.parents) if os.path.exists(p / ".git")), None)
+
+
 def _ignore_for(folder: Path) -> _Ignore:
     """Rules of the enclosing repository, weakest first: the user's global excludes file,
     ``info/exclude``, then each ``.gitignore`` from the top down to ``folder``."""
     chain = [folder, *folder.parents]
-    top = next((p for p in chain if (p / ".git").exists()), None)
+    top = repository_top(folder)
     ignore = _Ignore(None, folder, [])
     if top is None:
         return ignore.child(folder)
@@ -211,11 +228,29 @@ class _Excludes:
 
 
 def _is_venv(folder: Path) -> bool:
-    return (folder / "pyvenv.cfg").is_file() or (folder / "conda-meta").is_dir()
+    # os.path, unlike Path on Python < 3.14, answers False for what cannot be looked at.
+    return os.path.isfile(folder / "pyvenv.cfg") or os.path.isdir(folder / "conda-meta")
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+@dataclass
+class _Level:
+    """A folder being walked: its entries not yet taken, and what applies inside it."""
+
+    entries: Iterator[os.DirEntry]
+    real_folder: Path
+    ignore: _Ignore
+    excludes: _Excludes
 
 
 class Walker:
@@ -231,19 +266,32 @@ class Walker:
         path = Path(raw)
         try:
             os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            self.result.problems.append((raw, Failure.of("path-not-found",
+                                                         "no such file or folder")))
+            return
         except OSError as exc:
-            self.result.problems.append((raw, "no such file or folder" if isinstance(
-                exc, FileNotFoundError) else f"cannot read: {exc.strerror or exc}"))
+            self.result.problems.append((raw, _link_problem(path, exc)))
             return
         try:
             real = Path(os.path.realpath(path, strict=True))
         except OSError as exc:
-            self.result.problems.append((raw, _link_problem(exc)))
+            self.result.problems.append((raw, _link_problem(path, exc)))
             return
+        try:
+            self._add(raw, path, real)
+        except OSError as exc:  # e.g. a folder that can be listed but not searched
+            self.result.problems.append((raw, _unreadable(exc, folder=os.path.isdir(real))))
+
+    def _add(self, raw: str, path: Path, real: Path) -> None:
         if real.is_dir():
             folder = path.absolute()
             ignore = _ignore_for(real) if self.gitignore else _Ignore(None, real, [])
             self._walk(folder, real, ignore, folder)
+            return
+        mode = os.stat(real).st_mode
+        if not stat.S_ISREG(mode):
+            self.result.problems.append((raw, _unreadable(NotRegularFile(real, mode))))
             return
         if self.force_exclude:
             pattern = self._excluded_with_parents(path.absolute())
@@ -265,39 +313,64 @@ class Walker:
         return None
 
     def _walk(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path) -> None:
+        """Depth first, in name order, with a stack of its own rather than recursion: a tree
+        can be nested deeper than Python's recursion limit."""
+        outer = self.excludes
+        stack: list[_Level] = []
+        self._enter(folder, real_folder, ignore, root, stack)
         try:
-            entries = sorted(os.scandir(folder), key=lambda e: e.name)
-        except OSError as exc:
-            self.result.problems.append((str(folder), f"cannot read folder: {exc.strerror or exc}"))
-            return
-        nested = config_in(real_folder) if folder != root else None
-        if nested is None:
-            self._entries(entries, real_folder, ignore, root)
-            return
-        outer, self.excludes = self.excludes, _Excludes(nested, *self._cli_excludes)
-        try:
-            self._entries(entries, real_folder, ignore, root)
+            while stack:
+                level = stack[-1]
+                entry = next(level.entries, None)
+                if entry is None:
+                    stack.pop()
+                    continue
+                self.excludes = level.excludes
+                try:
+                    below = self._entry(entry, level.real_folder, level.ignore, root)
+                    if below is not None:
+                        self._enter(*below, root, stack)
+                except OSError as exc:  # e.g. a folder that can be listed but not searched
+                    self.result.problems.append(
+                        (entry.path, _unreadable(exc, folder=_is_folder(entry))))
         finally:
             self.excludes = outer
 
-    def _entries(self, entries, real_folder: Path, ignore: _Ignore, root: Path) -> None:
-        for entry in entries:
-            path = Path(entry.path)
-            if entry.is_symlink():
-                self._link(path, ignore, root)
-            elif entry.is_dir(follow_symlinks=False):
-                reason = self._folder_skip(path, real_folder / entry.name, ignore)
-                if reason:
-                    self.result.skipped.append((str(path), reason))
-                    continue
-                child = real_folder / entry.name
-                self._walk(path, child, ignore.child(child) if self.gitignore else ignore, root)
-            elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
-                reason = self._file_skip(path, real_folder / entry.name, ignore)
-                if reason:
-                    self.result.skipped.append((str(path), reason))
-                else:
-                    self.result.files.append(Found(path, real_folder / entry.name, root))
+    def _enter(self, folder: Path, real_folder: Path, ignore: _Ignore, root: Path,
+               stack: list[_Level]) -> None:
+        """Put ``folder``'s entries on the stack, with the excludes in force inside it."""
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            # Listing needs read permission, looking at what is listed needs search
+            # permission: a folder without it is one problem, not one per entry.
+            os.stat(os.path.join(folder, os.curdir))
+        except OSError as exc:
+            self.result.problems.append((str(folder), _unreadable(exc, folder=True)))
+            return
+        nested = config_in(real_folder) if folder != root else None
+        excludes = self.excludes if nested is None else _Excludes(nested, *self._cli_excludes)
+        stack.append(_Level(iter(entries), real_folder, ignore, excludes))
+
+    def _entry(self, entry: os.DirEntry, real_folder: Path,
+               ignore: _Ignore, root: Path) -> tuple[Path, Path, _Ignore] | None:
+        """Take one entry; a folder to walk into is returned (path, real path, rules)."""
+        path = Path(entry.path)
+        if entry.is_symlink():
+            self._link(path, ignore, root)
+        elif entry.is_dir(follow_symlinks=False):
+            reason = self._folder_skip(path, real_folder / entry.name, ignore)
+            if reason:
+                self.result.skipped.append((str(path), reason))
+                return None
+            child = real_folder / entry.name
+            return path, child, ignore.child(child) if self.gitignore else ignore
+        elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
+            reason = self._file_skip(path, real_folder / entry.name, ignore)
+            if reason:
+                self.result.skipped.append((str(path), reason))
+            else:
+                self.result.files.append(Found(path, real_folder / entry.name, root))
+        return None
 
     def _folder_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:
         pattern = self.excludes.match(path)
@@ -321,12 +394,16 @@ class Walker:
             target = Path(os.path.realpath(path, strict=True))
         except OSError as exc:
             if path.name.endswith(SUFFIXES):
-                self.result.problems.append((str(path), _link_problem(exc)))
+                self.result.problems.append((str(path), _link_problem(path, exc)))
             return
         if target.is_dir():
             self.result.skipped.append((str(path), "symlinked folder (not followed)"))
             return
         if not path.name.endswith(SUFFIXES):
+            return
+        mode = os.stat(target).st_mode
+        if not stat.S_ISREG(mode):
+            self.result.skipped.append((str(path), f"symlink to {kind(mode)}, not a file"))
             return
         if not _inside(target, Path(os.path.realpath(root))):
             self.result.skipped.append(
@@ -339,12 +416,41 @@ class Walker:
             self.result.files.append(Found(path, target, root))
 
 
-def _link_problem(exc: OSError) -> str:
-    if isinstance(exc, FileNotFoundError):
-        return "broken symlink (its target does not exist)"
-    if exc.errno == 40:  # ELOOP
-        return "symlink loop (the link points back to itself)"
-    return f"cannot resolve: {exc.strerror or exc}"
+def _unreadable(exc: OSError, *, folder: bool = False) -> Failure:
+    return Failure.of("unreadable", f"cannot read{' folder' if folder else ''}: {os_reason(exc)}")
+
+
+def _link_problem(path: Path, exc: OSError) -> Failure:
+    """Why the symlink ``path`` (or a link on the way to it) cannot be followed."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not itself a link: a folder on the way is
+        target = None
+    if exc.errno == errno.ELOOP:
+        where = f"it points to {target!r}, and following" if target is not None else "following"
+        return Failure.of("symlink-loop", f"symlink loop: {where} the links never reaches a file")
+    if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return _unreadable(exc)
+    if target is None:
+        return Failure.of("broken-symlink", "a symlink on the way to it leads nowhere")
+    first = os.path.join(os.path.dirname(os.path.abspath(path)), target)
+    if os.path.islink(first):  # a chain: name where it ends
+        end = shown(Path(os.path.realpath(path)))
+        return Failure.of("broken-symlink", f"broken symlink: it points to {target!r}, a link "
+                                            f"that leads to {end!r}, which does not exist")
+    return Failure.of("broken-symlink", f"broken symlink: it points to {target!r}, which does "
+                                        "not exist")
+
+
+def shown(path: Path) -> str:
+    """A path as reports and diffs name it: relative to the working folder if inside it,
+    else absolute."""
+    for cwd in (Path.cwd().resolve(), Path.cwd()):
+        try:
+            return path.relative_to(cwd).as_posix()
+        except ValueError:
+            pass
+    return path.as_posix()
 
 
 def discover(paths, config_for, **options) -> Discovery:
@@ -358,10 +464,15 @@ def discover(paths, config_for, **options) -> Discovery:
         result.problems += walker.result.problems
         result.skipped += walker.result.skipped
         for found in walker.result.files:
+            if not _utf8(shown(found.real)):
+                result.problems.append((str(found.real), Failure.of(
+                    "undecodable-name", "file name is not valid UTF-8; not processed "
+                                        "(a diff or a report could not name it)")))
+                continue
             try:
                 info = os.stat(found.real)
             except OSError as exc:
-                result.problems.append((str(found.path), f"cannot read: {exc.strerror or exc}"))
+                result.problems.append((str(found.path), _unreadable(exc)))
                 continue
             if (info.st_dev, info.st_ino) in seen:
                 result.skipped.append((str(found.path), "same file as one already found "
@@ -369,4 +480,16 @@ def discover(paths, config_for, **options) -> Discovery:
                 continue
             seen.add((info.st_dev, info.st_ino))
             result.files.append(found)
+    # dict: a path reached twice (walked, and named on the command line) is reported once
+    result.problems = list(dict.fromkeys((shown(Path(p).absolute()), why)
+                                         for p, why in result.problems))
+    result.skipped = [(shown(Path(p).absolute()), why) for p, why in result.skipped]
     return result
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate escapes: bytes the file system encoding rejected
+        return False
+    return True

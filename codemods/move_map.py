@@ -8,6 +8,7 @@ maps from two versions of the module's source; nobody edits them by hand.
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -210,12 +211,14 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_module(module, role: str) -> None:
-    if not isinstance(module, str) or not _MODULE.fullmatch(module):
+    if (not isinstance(module, str) or not _MODULE.fullmatch(module)
+            or any(keyword.iskeyword(part) for part in module.split("."))):
         raise MoveMapError(f"{role}: {module!r} is not a dotted module name")
 
 
 def _check_name(name, role: str) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    # A keyword matches the pattern but cannot be imported: rewritten code would not parse.
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or keyword.iskeyword(name):
         raise MoveMapError(f"{role}: {name!r} is not a Python name")
 
 

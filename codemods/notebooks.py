@@ -42,7 +42,23 @@ class NotebookOutcome:
 
 def _cell_text(cell: dict) -> str:
     source = cell.get("source", "")
-    return "".join(source) if isinstance(source, list) else str(source)
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _cells(notebook) -> list[dict]:
+    """The notebook's cells, checked to have the shape nbformat gives them."""
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise NotebookError("not a readable notebook: expected a JSON object with a list of "
+                            "'cells'")
+    for number, cell in enumerate(notebook["cells"], 1):
+        if not isinstance(cell, dict):
+            raise NotebookError(f"not a readable notebook: cell {number} is not a JSON object")
+        source = cell.get("source", "")
+        if not (isinstance(source, str) or (
+                isinstance(source, list) and all(isinstance(piece, str) for piece in source))):
+            raise NotebookError(f"not a readable notebook: cell {number}: 'source' must be a "
+                                "string or a list of strings")
+    return notebook["cells"]
 
 
 def _mask(text: str, magics: list[str]) -> str:
@@ -87,10 +103,10 @@ def migrate_notebook(
     try:
         text = source.decode("utf-8")
         notebook = json.loads(text)
-        cells = notebook["cells"]
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise NotebookError(f"not a readable notebook: {exc}") from exc
-    metadata = notebook.get("metadata") if isinstance(notebook, dict) else None
+    cells = _cells(notebook)
+    metadata = notebook.get("metadata")
     info = metadata.get("language_info") if isinstance(metadata, dict) else None
     language = info.get("name", "python") if isinstance(info, dict) else "python"
     if language != "python" or not gate.mentions(source):

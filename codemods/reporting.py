@@ -11,6 +11,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .failures import FAILURES, Failure
 from .findings import RULES, Finding, render, render_json
 
 SCHEMA_VERSION = 2
@@ -29,7 +30,7 @@ class FileResult:
     old: bytes | None = None  # both set when the file has changes
     new: bytes | None = None
     written: bool = False
-    error: str | None = None
+    error: Failure | None = None
 
     @property
     def changes(self) -> bool:
@@ -62,7 +63,7 @@ class RunReport:
     results: list[FileResult]
     scanned: int
     matched: int
-    problems: list[tuple[str, str]]  # paths that could not even be looked at
+    problems: list[tuple[str, Failure]]  # paths that could not even be looked at
     skipped: list[tuple[str, str]]  # paths left out on purpose, with the reason
 
     @property
@@ -105,10 +106,12 @@ class RunReport:
             text += f", {s['files_failed']} failed"
         return text
 
+    def failures(self) -> list[tuple[str, Failure]]:
+        """Every path that was not processed, with why: discovery's first."""
+        return self.problems + [(r.shown, r.error) for r in self.failed]
+
     def failure_lines(self) -> list[str]:
-        lines = [printable(f"{path}: {message}") for path, message in self.problems]
-        lines += [printable(f"{r.shown}: {r.error}") for r in self.failed]
-        return lines
+        return [printable(failure.render(path)) for path, failure in self.failures()]
 
     def to_json(self) -> str:
         document = {
@@ -117,12 +120,13 @@ class RunReport:
             "mode": self.mode,
             "map": self.map_info,
             "rules": {code: {"name": name, "summary": text} for code, (name, text) in RULES.items()},
+            "failure_codes": {code: {"name": name, "summary": text}
+                              for code, (name, text) in FAILURES.items()},
             "summary": self.summary(),
             "changed_files": [r.shown for r in self.results if r.written],
             "would_change_files": [r.shown for r in self.results
                                    if r.changes and not r.written and not r.error],
-            "failed_files": [{"path": p, "error": m} for p, m in self.problems]
-            + [{"path": r.shown, "error": r.error} for r in self.failed],
+            "failed_files": [failure.to_dict(printable(path)) for path, failure in self.failures()],
             "skipped": [{"path": printable(p), "reason": why} for p, why in self.skipped],
             "findings": [d for r in self.results for d in r.finding_dicts()],
         }

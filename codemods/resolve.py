@@ -18,10 +18,7 @@ def _is_package_dir(path: Path) -> bool:
 def _inside_package(path: Path) -> bool:
     """Whether some ancestor of ``path`` is a regular package (so ``path`` is a
     namespace portion of it, like SGLang's ``sglang/srt`` under ``sglang``)."""
-    parent = path.parent
-    if parent == path:
-        return False
-    return _is_package_dir(parent) or _inside_package(parent)
+    return any(_is_package_dir(parent) for parent in path.parents)  # no recursion: any depth
 
 
 def package_for(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str | None:

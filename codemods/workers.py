@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+from .failures import Failure
 from .findings import Finding
 
 
@@ -39,7 +40,7 @@ class Outcome:
     new_source: bytes | None = None
     findings: list[Finding] = field(default_factory=list)
     cells: list[int | None] = field(default_factory=list)  # per finding, for notebooks
-    error: str | None = None
+    error: Failure | None = None
 
 
 # The function a worker applies to each task: (task) -> Outcome. Set once per worker.
@@ -77,11 +78,15 @@ def _guarded(transform: Transform, task: Task) -> Outcome:
     try:
         return transform(task)
     except RecursionError:
-        return Outcome(error="too deeply nested for the parser (recursion limit); file left as is")
+        return _crash("too deeply nested for the parser (recursion limit); file left as is")
     except MemoryError:
-        return Outcome(error="ran out of memory; file left as is")
+        return _crash("ran out of memory; file left as is")
     except Exception as exc:  # a bug of ours must not stop the run over other files
-        return Outcome(error=f"internal error ({type(exc).__name__}: {exc}); file left as is")
+        return _crash(f"internal error ({type(exc).__name__}: {exc}); file left as is")
+
+
+def _crash(message: str) -> Outcome:
+    return Outcome(error=Failure.of("parser-crash", message))
 
 
 class _Worker:
@@ -99,7 +104,8 @@ class _Worker:
         self.task, self.started = task, time.monotonic()
         self.conn.send(task)
 
-    def death_note(self) -> str:
+    def died(self) -> Outcome:
+        """What to report for the task this worker held when it died."""
         self.process.join(1)
         code = self.process.exitcode
         if code is not None and code < 0:
@@ -107,8 +113,8 @@ class _Worker:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"crashed the parser (worker killed by {name}); file left as is"
-        return f"crashed the parser (worker exited with status {code}); file left as is"
+            return _crash(f"crashed the parser (worker killed by {name}); file left as is")
+        return _crash(f"crashed the parser (worker exited with status {code}); file left as is")
 
     def stop(self, force: bool = False) -> None:
         if force:
@@ -167,11 +173,11 @@ class WorkerPool:
                 except OSError:
                     # The worker died while idle (killed from outside): the task never
                     # reached it, so it goes to another one, unless workers cannot start.
-                    note = worker.death_note()
+                    dead = worker.died()
                     self._retire(worker)
                     lost += 1
                     if lost > self._jobs + 2:
-                        yield task, Outcome(error=note)
+                        yield task, dead
                     else:
                         self._queue.appendleft(task)
                     continue
@@ -188,9 +194,9 @@ class WorkerPool:
                     except (EOFError, OSError):
                         outcome = None
                 if outcome is None:
-                    note = worker.death_note()
+                    dead = worker.died()
                     self._retire(worker)
-                    yield task, Outcome(error=note)
+                    yield task, dead
                     continue
                 worker.task = None
                 self._busy.remove(worker)
@@ -211,7 +217,8 @@ class WorkerPool:
         for worker in [w for w in self._busy if now - w.started >= self._timeout]:
             task = worker.task
             self._retire(worker)
-            yield task, Outcome(error=f"took longer than {self._timeout:g} s; file left as is")
+            yield task, Outcome(error=Failure.of(
+                "timeout", f"took longer than {self._timeout:g} s; file left as is"))
 
     def close(self, force: bool = False) -> None:
         for worker in self._all:

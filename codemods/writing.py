@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .regular_files import read_regular
+
 _HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 _TEMP_SUFFIX = ".mm-schedule-codemod.tmp"
 _counter = itertools.count()
@@ -55,11 +57,22 @@ class FileChanged(Exception):
 
 
 def read_snapshot(path: Path) -> Snapshot:
-    with open(path, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(errno.EISDIR, "not a regular file", str(path))
-        return Snapshot(path, handle.read(), info.st_dev, info.st_ino)
+    data, info = read_regular(path)
+    return Snapshot(path, data, info.st_dev, info.st_ino)
+
+
+def unwritable_reason(path: str) -> str | None:
+    """Why a report could not be written at ``path`` (checked before a run starts), or
+    None if nothing stands in the way."""
+    target = Path(path)
+    if target.is_dir():
+        return "is a folder"
+    folder = target.absolute().parent
+    if not folder.is_dir():
+        return f"{folder} " + ("is not a folder" if folder.exists() else "does not exist")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return "not writable"
+    return None
 
 
 @contextmanager

@@ -70,7 +70,7 @@ def test_unparsable_file_is_listed_skipped_and_exit_is_2(project, map_file, caps
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (project / "pkg" / "a.py").read_text() == MOVED  # the run went on
     err = capsys.readouterr().err
-    assert "broken.py: cannot parse" in err
+    assert "broken.py: MMS906 [error] cannot parse" in err
 
 
 def test_interrupt_during_writes_exits_130_with_each_file_old_or_new(project, map_file,
@@ -192,4 +192,4 @@ def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, 
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (project / "c.py").read_text() == MOVED
     assert (project / "pkg" / "a.py").read_text() == MOVING
-    assert "pkg/a.py: internal error (RuntimeError: boom); file left as is" in capsys.readouterr().err
+    assert "pkg/a.py: MMS907 [error] internal error (RuntimeError: boom); file left as is" in capsys.readouterr().err

@@ -66,3 +66,57 @@ def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file
     subprocess.run(["patch", "-p1", "--quiet", "--no-backup-if-mismatch"], cwd=with_patch,
                    input=patch, check=True)
     assert _snapshot(with_patch) == expected
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
+                    reason="needs git and patch")
+def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, map_file):
+    """Neither tool takes ``..`` or an absolute path from a patch: the absolute path loses
+    its leading slash (as in ``git diff --no-index``) and the patch applies from ``/``."""
+    outside = tmp_path / "outside" / "x.py"
+    outside.parent.mkdir()
+    outside.write_bytes(FILES["crlf.py"])
+    here = tmp_path / "here"
+    here.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--diff", "../outside/x.py",
+         "--map", str(map_file)], cwd=here, capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr.decode()
+    name = outside.as_posix().lstrip("/").encode()
+    assert proc.stdout.startswith(b"diff --git a/" + name + b" b/" + name + b"\n")
+    assert b"\n--- a/" + name + b"\n+++ b/" + name + b"\n" in proc.stdout
+    subprocess.run(["patch", "-p1", "--dry-run", "--quiet", "-d", "/"], input=proc.stdout,
+                   check=True, capture_output=True)
+    subprocess.run(["git", "apply", "-"], cwd="/", input=proc.stdout, check=True)
+    twin = here / "twin.py"
+    twin.write_bytes(FILES["crlf.py"])
+    subprocess.run([sys.executable, "-m", "mm_schedule.codemods", "--write", "twin.py",
+                    "--map", str(map_file)], cwd=here, check=True, timeout=120)
+    assert outside.read_bytes() == twin.read_bytes() != FILES["crlf.py"]
+
+
+@pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
+                    reason="needs git and patch")
+def test_run_in_a_subfolder_of_a_repository_the_patch_names_paths_from_its_top(tmp_path,
+                                                                               map_file):
+    """``git apply`` in a subfolder of a repository reads paths from the repository's top
+    and silently skips the others: named from the working folder, the patch would do
+    nothing there and still exit 0."""
+    repo = tmp_path / "repo"
+    _tree(repo)
+    sub = repo / "pkg"
+    sub.mkdir()
+    original = FILES["crlf.py"]
+    (sub / "x.py").write_bytes(original)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--diff", ".", "--map", str(map_file)],
+        cwd=sub, capture_output=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr.decode()
+    assert proc.stdout.startswith(b"diff --git a/pkg/x.py b/pkg/x.py\n")
+    assert proc.stderr.startswith(b"x.py:2:42: MMS001")  # the report: from the working folder
+    subprocess.run(["git", "apply", "-"], cwd=sub, input=proc.stdout, check=True)
+    changed = (sub / "x.py").read_bytes()
+    assert changed != original
+    (sub / "x.py").write_bytes(original)
+    subprocess.run(["patch", "-p1", "--quiet"], cwd=repo, input=proc.stdout, check=True)
+    assert (sub / "x.py").read_bytes() == changed

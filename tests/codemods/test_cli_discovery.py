@@ -114,7 +114,7 @@ def test_a_missing_path_is_reported_and_the_rest_still_runs(tree, map_file, caps
     _put(tree, "a.py")
     assert cli_main("--write", "nope.py", "a.py", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
-    assert "nope.py: no such file or folder" in capsys.readouterr().err
+    assert "nope.py: MMS901 [error] no such file or folder" in capsys.readouterr().err
 
 
 def test_an_empty_path_argument_is_refused(tree, map_file, capsys, cli_main):
@@ -129,9 +129,9 @@ def test_symlink_loops_are_reported_and_the_rest_still_runs(tree, map_file, caps
     os.symlink("loop.py", tree / "loop.py")
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
-    assert "loop.py: symlink loop (the link points back to itself)" in capsys.readouterr().err
+    assert "loop.py: MMS903 [error] symlink loop: it points to 'loop.py'" in capsys.readouterr().err
     assert cli_main("--check", "loop.py", map_file=map_file) == 2
-    assert "loop.py: symlink loop" in capsys.readouterr().err
+    assert "loop.py: MMS903 [error] symlink loop" in capsys.readouterr().err
 
 
 def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
@@ -147,7 +147,7 @@ def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file
     finally:
         os.chmod(tree / "closed", 0o755)
     assert (tree / "a.py").read_text() == MOVED
-    assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err
+    assert "closed: MMS904 [error] cannot read folder: Permission denied" in capsys.readouterr().err
 
 
 def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
@@ -159,7 +159,7 @@ def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_
     assert (tree / "a.py").read_text() == MOVED
     assert (tree / bad).read_text() == MOVING
     err = capsys.readouterr().err
-    assert "bad\\udcff.py: file name is not valid UTF-8" in err
+    assert "bad\\udcff.py: MMS905 [error] file name is not valid UTF-8" in err
     doc = json.loads(report.read_text(encoding="utf-8"))
     assert doc["changed_files"] == ["a.py"]
     assert doc["failed_files"][0]["path"] == "bad\\udcff.py"
@@ -182,7 +182,7 @@ def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "a.py").read_text() == MOVED
     assert (tree / "closed/b.py").read_text() == MOVING
-    assert "closed: cannot read folder: Permission denied" in capsys.readouterr().err
+    assert "closed: MMS904 [error] cannot read folder: Permission denied" in capsys.readouterr().err
 
 
 def test_a_nested_project_uses_its_own_table_below_it(tree, map_file, cli_main):
@@ -221,3 +221,21 @@ def test_gitignore_can_be_turned_off(tree, map_file, cli_main):
     assert (tree / "ignored.py").read_text() == MOVING
     assert cli_main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
     assert (tree / "ignored.py").read_text() == MOVED
+
+
+@pytest.mark.parametrize("xdg", [False, True], ids=["home-config", "xdg-config-home"])
+def test_gits_default_global_excludes_file_is_honoured(tree, map_file, monkeypatch, cli_main, xdg):
+    """Without ``core.excludesFile``, git reads ``$XDG_CONFIG_HOME/git/ignore``, or
+    ``~/.config/git/ignore`` when that variable is unset or empty."""
+    home = tree.parent / "home"
+    config = tree.parent / "xdg" if xdg else home / ".config"
+    (config / "git").mkdir(parents=True)
+    home.mkdir(exist_ok=True)
+    (config / "git" / "ignore").write_text("scratch_*.py\n")
+    (home / ".gitconfig").write_text("[user]\n\tname = x\n")  # no excludesFile
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config) if xdg else "")
+    (tree / ".git").mkdir()
+    _put(tree, "scratch_a.py", "main.py")
+    assert cli_main("--write", ".", map_file=map_file) == 0
+    assert _migrated(tree, "scratch_a.py", "main.py") == {"scratch_a.py": False, "main.py": True}

@@ -140,7 +140,7 @@ def test_a_file_that_keeps_changing_is_left_with_the_users_content(tree, map_fil
     assert doc["changed_files"] == ["b.py"]
     assert doc["failed_files"][0]["path"] == "a.py"
     out, err = capsys.readouterr()
-    assert "a.py: changed again while being migrated" in err
+    assert "a.py: MMS910 [error] changed again while being migrated" in err
     assert "a.py:1:42: MMS001 [fixable]" in out and "b.py:1:42: MMS001 [fixed]" in out
 
 
@@ -169,7 +169,7 @@ def test_a_file_that_cannot_be_written_is_an_error_not_fixed(tree, map_file, cap
     assert doc["summary"]["files_changed"] == 1 and doc["summary"]["fixed"] == 1
     assert [f["status"] for f in doc["findings"] if f["path"] == "locked.py"] == ["fixable"]
     out, err = capsys.readouterr()
-    assert "locked.py: cannot write" in err and "locked.py:1:42: MMS001 [fixable]" in out
+    assert "locked.py: MMS909 [error] cannot write" in err and "locked.py:1:42: MMS001 [fixable]" in out
     assert _names(tree) == ["free.py", "locked.py"]
 
 
@@ -205,7 +205,7 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
     assert cli_main("--write", ".", "--timeout", "2", map_file=map_file) == 2
     assert (tree / "slow.py").read_bytes() == MOVING
     assert (tree / "fast.py").read_bytes() == MOVED
-    assert "slow.py: took longer than 2 s; file left as is" in capsys.readouterr().err
+    assert "slow.py: MMS908 [error] took longer than 2 s; file left as is" in capsys.readouterr().err
 
 
 def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch, cli_main):
@@ -224,3 +224,21 @@ def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_fi
     assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_bytes() == MOVED and target.stat().st_ino == inode
     assert _names(tree) == ["theirs.py"]
+
+
+def test_a_file_removed_during_the_run_is_not_brought_back(tree, map_file, monkeypatch, capsys,
+                                                           cli_main):
+    (tree / "a.py").write_bytes(MOVING)
+    (tree / "b.py").write_bytes(MOVING)
+    real_replace = cli.replace
+
+    def remove_first(snapshot, data, guard=None):
+        if snapshot.path.name == "a.py":
+            os.unlink(snapshot.path)
+        return real_replace(snapshot, data, guard)
+
+    monkeypatch.setattr(cli, "replace", remove_first)
+    assert cli_main("--write", ".", map_file=map_file) == 2
+    assert not (tree / "a.py").exists() and (tree / "b.py").read_bytes() == MOVED
+    err = capsys.readouterr().err
+    assert "a.py: MMS910 [error] removed while being migrated; not written\n" in err

@@ -76,7 +76,7 @@ def test_a_notebook_whose_layout_cannot_be_kept_is_reported_not_written(tree, ma
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (tree / "odd.ipynb").read_text(encoding="utf-8") == text
     out, err = capsys.readouterr()
-    assert "odd.ipynb: its JSON layout cannot be reproduced; not written" in err
+    assert "odd.ipynb: MMS911 [error] its JSON layout cannot be reproduced; not written" in err
     assert "odd.ipynb:cell 2:3:" in out and "[fixable]" in out
 
 
@@ -86,5 +86,31 @@ def test_an_unreadable_notebook_and_other_languages(tree, map_file, capsys, cli_
     (tree / "r.ipynb").write_text(_notebook(r_cells, language="R"))
     assert cli_main("--write", ".", map_file=map_file) == 2
     err = capsys.readouterr().err
-    assert "broken.ipynb: cannot parse: not a readable notebook" in err
+    assert "broken.ipynb: MMS906 [error] cannot parse: not a readable notebook" in err
     assert "r.ipynb" not in err
+
+
+def test_a_notebook_of_the_wrong_shape_is_a_parse_failure_not_a_crash(tree, map_file, capsys,
+                                                                      cli_main):
+    old = "import sglang.srt.managers.mm_utils"
+    shapes = {
+        "list.ipynb": [old],
+        "cells.ipynb": {"cells": 5, "x": old},
+        "cell.ipynb": {"cells": [5, old]},
+        "source.ipynb": {"cells": [{"cell_type": "code", "source": 5}], "x": old},
+        "pieces.ipynb": {"cells": [{"cell_type": "code", "source": [old, 5]}]},
+    }
+    for name, doc in shapes.items():
+        (tree / name).write_text(json.dumps(doc))
+    (tree / "a.py").write_text("from sglang.srt.managers.mm_utils import get_embedding_chunk\n")
+    assert cli_main("--write", ".", map_file=map_file) == 2
+    err = capsys.readouterr().err
+    reasons = {"list.ipynb": "expected a JSON object with a list of 'cells'",
+               "cells.ipynb": "expected a JSON object with a list of 'cells'",
+               "cell.ipynb": "cell 1 is not a JSON object",
+               "source.ipynb": "cell 1: 'source' must be a string or a list of strings",
+               "pieces.ipynb": "cell 1: 'source' must be a string or a list of strings"}
+    for name, reason in reasons.items():
+        assert f"{name}: MMS906 [error] cannot parse: not a readable notebook: {reason};" in err
+    assert "internal error" not in err
+    assert "mm_schedule import" in (tree / "a.py").read_text()

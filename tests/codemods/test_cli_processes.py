@@ -46,8 +46,8 @@ def test_a_file_that_crashes_the_parser_fails_alone(tree, map_file, jobs):
     assert all((tree / f"ok{i}.py").read_text() == MOVED for i in range(6))
     assert (tree / "deep.py").read_text() == SEGFAULTS
     assert (tree / "long.py").read_text() == RECURSES
-    assert "deep.py: crashed the parser (worker killed by SIGSEGV); file left as is" in proc.stderr
-    assert "long.py: too deeply nested for the parser" in proc.stderr
+    assert "deep.py: MMS907 [error] crashed the parser (worker killed by SIGSEGV); file left as is" in proc.stderr
+    assert "long.py: MMS907 [error] too deeply nested for the parser" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert "6 changed" in proc.stderr and "2 failed" in proc.stderr
 

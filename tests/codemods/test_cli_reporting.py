@@ -4,6 +4,7 @@ only what happened: pure JSON on stdout, fixable vs fixed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,8 +34,17 @@ def tree(tmp_path, monkeypatch):
         ('{"old_module": "a.b", "new_module": "a.b", "moved": {}}',
          "new_module is the same as old_module"),
         ('{"old_module": "a.b-c", "new_module": "a.d", "moved": {}}', "not a dotted module name"),
+        ('{"old_module": "a.b", "new_module": "a.class", "moved": {}}',
+         "new_module: 'a.class' is not a dotted module name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {"2x": '
+         '{"kind": "function", "private": false}}}', "moved: '2x' is not a Python name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {"lambda": '
+         '{"kind": "function", "private": false}}}', "moved: 'lambda' is not a Python name"),
+        ('{"old_module": "a.b", "new_module": "a.c", "moved": {}, '
+         '"import_origins": {"f": "a.b"}}', "import_origins['f'] is the old module itself"),
     ],
-    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name"],
+    ids=["not-json", "missing-keys", "not-an-object", "target-is-source", "bad-module-name",
+         "keyword-module", "bad-name", "keyword-name", "origin-is-source"],
 )
 def test_a_malformed_map_is_refused_before_any_file_is_touched(tree, capsys, map_text, message):
     bad = tree.parent / "bad.json"
@@ -55,7 +65,35 @@ def test_an_unwritable_json_path_is_refused_before_any_file_is_touched(tree, map
               "a_folder": tree.parent / "folder"}[where]
     assert cli.main(["--write", ".", "--json", str(target), "--map", str(map_file)]) == 3
     assert (tree / "a.py").read_text() == MOVING
-    assert "--json" in capsys.readouterr().err
+    assert not target.is_file()
+    err = capsys.readouterr().err
+    reason = {"under_a_file": f"{tree.parent / 'plain.txt'} is not a folder",
+              "missing_folder": f"{tree.parent / 'nowhere'} does not exist",
+              "a_folder": "is a folder"}[where]
+    assert err == f"mm-schedule-codemod: --json {target}: {reason}\n"
+
+
+@pytest.mark.parametrize("option, value, what", [
+    ("--timeout", "0", "a number of seconds"), ("--timeout", "-1", "a number of seconds"),
+    ("--timeout", "nan", "a number of seconds"), ("--timeout", "inf", "a number of seconds"),
+    ("--timeout", "soon", "a number of seconds"), ("-j", "0", "a whole number"),
+    ("-j", "-2", "a whole number"), ("-j", "1.5", "a whole number"),
+])
+def test_a_timeout_or_job_count_that_is_not_a_positive_number_is_refused(tree, map_file, capsys,
+                                                                         option, value, what):
+    assert cli.main(["--write", ".", option, value, "--map", str(map_file)]) == 3
+    assert (tree / "a.py").read_text() == MOVING
+    err = capsys.readouterr().err
+    assert f"expected {what} above 0, got {value!r}" in err and "Traceback" not in err
+
+
+def test_a_working_folder_that_was_removed_is_refused(tmp_path, map_file, monkeypatch, capsys):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert cli.main(["--check", str(tmp_path), "--map", str(map_file)]) == 3
+    assert capsys.readouterr().err == "mm-schedule-codemod: the current folder no longer exists\n"
 
 
 def test_a_bad_config_table_is_refused(tree, map_file, capsys):
@@ -83,7 +121,7 @@ def test_json_dash_is_pure_json_on_stdout_and_text_goes_to_stderr(tree, map_file
     assert doc["mode"] == "check"
     assert {f["path"] for f in doc["failed_files"]} == {"nope.py", "broken.py"}
     assert "a.py:1:42: MMS001 [fixable]" in proc.stderr and "t.py:1:" in proc.stderr
-    assert "nope.py: no such file or folder" in proc.stderr
+    assert "nope.py: MMS901 [error] no such file or folder" in proc.stderr
 
 
 def test_check_says_fixable_and_only_write_says_fixed(tree, map_file, capsys):
@@ -137,3 +175,36 @@ def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monke
     assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
     assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
     assert "this map targets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode, status", [("--check", 1), ("--diff", 1), ("--write", 0)])
+def test_a_reader_that_stops_early_ends_the_output_not_the_run(tree, map_file, mode, status):
+    """``mm-schedule-codemod . | head -1``: far more output than a pipe holds, and the
+    reader leaves after one line. The run still finishes, writes, and reports on stderr."""
+    names = ("get_embedding_and_mask", "init_mm_embedding_cache", "get_embedding_chunk",
+             "PerImageRequestInfo", "_get_multimodal_mask", "_adjust_embedding_length")
+    many = "".join(f"from sglang.srt.managers.mm_utils import {name}\n" for name in names)
+    for i in range(150):  # about 90 kB of findings, more than a pipe and a buffer hold
+        (tree / f"m{i:03}.py").write_text(many)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mm_schedule.codemods", mode, ".", "--map", str(map_file)],
+        cwd=tree, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == status, err
+    assert first.startswith("diff --git a/" if mode == "--diff" else "a.py:1:42: MMS001")
+    assert "Traceback" not in err and "Exception ignored" not in err
+    done = "151 changed" if mode == "--write" else "151 would change"
+    assert err.splitlines()[-1].startswith(f"151 files scanned, {done}, 901 findings")
+    assert ("mm_schedule import" in (tree / "m149.py").read_text()) == (mode == "--write")
+
+
+def test_names_the_terminal_cannot_show_come_out_as_escapes(tree, map_file):
+    (tree / "名.py").write_text(MOVING)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mm_schedule.codemods", "--check", ".", "--map", str(map_file)],
+        cwd=tree, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 1, proc.stderr
+    assert "\\u540d.py:1:42: MMS001 [fixable]" in proc.stdout and "Traceback" not in proc.stderr

@@ -486,6 +486,35 @@ def test_cli_writes_the_same_map_as_the_api(tmp_path, capsys):
     assert capsys.readouterr().out == api.to_json()
 
 
+@pytest.mark.parametrize("where", ["missing_folder", "under_a_file", "a_folder"])
+def test_cli_refuses_an_output_it_cannot_write_before_deriving(tmp_path, capsys, monkeypatch,
+                                                              where):
+    args = _cli_files(tmp_path)
+    (tmp_path / "plain.txt").write_text("")
+    out, reason = {"missing_folder": (tmp_path / "no" / "m.json", f"{tmp_path / 'no'} does not exist"),
+                   "under_a_file": (tmp_path / "plain.txt" / "m.json",
+                                    f"{tmp_path / 'plain.txt'} is not a folder"),
+                   "a_folder": (tmp_path, "is a folder")}[where]
+    monkeypatch.setattr(derive, "derive_map", lambda *a, **k: pytest.fail("derived anyway"))
+    with pytest.raises(SystemExit) as exit_info:
+        derive.main([*args, "-o", str(out)])
+    assert exit_info.value.code == 2
+    assert f"error: -o {out}: {reason}\n" in capsys.readouterr().err
+
+
+def test_cli_reports_a_failed_write_and_leaves_no_temporary_file(tmp_path, capsys, monkeypatch):
+    args = _cli_files(tmp_path)
+    out = tmp_path / "map.json"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(derive.os, "replace", disk_full)
+    assert derive.main([*args, "-o", str(out)]) == 2
+    assert f"error: cannot write {out}: No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1", "v2"]
+
+
 def test_cli_check_reports_drift(tmp_path, capsys):
     args = _cli_files(tmp_path)
     checked = tmp_path / "checked.json"

@@ -43,9 +43,11 @@ def test_each_death_is_charged_to_the_file_that_caused_it():
         assert set(got) == set(names)
         for name in "abcd":
             assert got[name].new_source == name.upper().encode() and got[name].error is None
-        assert got["segfault"].error.startswith("crashed the parser (worker killed by SIGSEGV)")
-        assert got["exit"].error.startswith("crashed the parser (worker exited with status 3)")
-        assert got["recurse"].error.startswith("too deeply nested for the parser")
+        crashed = {n: got[n].error for n in ("segfault", "exit", "recurse")}
+        assert {e.code for e in crashed.values()} == {"MMS907"}
+        assert crashed["segfault"].message.startswith("crashed the parser (worker killed by SIGSEGV)")
+        assert crashed["exit"].message.startswith("crashed the parser (worker exited with status 3)")
+        assert crashed["recurse"].message.startswith("too deeply nested for the parser")
 
 
 def test_a_worker_killed_while_idle_costs_no_file():
