@@ -52,19 +52,31 @@ def _layout(node: cst.ImportFrom) -> tuple[cst.SimpleWhitespace, cst.SimpleWhite
     return item, closing
 
 
-def _leading_lines(source: cst.ImportFrom, alias: cst.ImportAlias) -> Sequence[cst.EmptyLine]:
-    """Comment lines written just above ``alias`` inside a multi-line list."""
-    names = list(source.names)
-    pos = next((k for k, a in enumerate(names) if a is alias), None)
+def _leading_lines(source: cst.ImportFrom, pos: int | None) -> Sequence[cst.EmptyLine]:
+    """Comment lines written just above the alias at ``pos`` inside a multi-line list."""
     if pos is None:
         return ()
     if pos == 0:
         opening = source.lpar.whitespace_after if source.lpar is not None else None
         return opening.empty_lines if isinstance(opening, cst.ParenthesizedWhitespace) else ()
-    prev = names[pos - 1].comma
+    prev = source.names[pos - 1].comma
     if isinstance(prev, cst.Comma) and isinstance(prev.whitespace_after, cst.ParenthesizedWhitespace):
         return prev.whitespace_after.empty_lines
     return ()
+
+
+class _Positions:
+    """Where each alias sits in the statement it came from; one table per statement, so
+    rebuilding a list of n names costs n look-ups, not n scans."""
+
+    def __init__(self) -> None:
+        self._tables: dict[int, dict[int, int]] = {}
+
+    def __call__(self, statement: cst.ImportFrom, alias: cst.ImportAlias) -> int | None:
+        table = self._tables.get(id(statement))
+        if table is None:
+            table = self._tables[id(statement)] = {id(a): k for k, a in enumerate(statement.names)}
+        return table.get(id(alias))
 
 
 def with_aliases(
@@ -78,16 +90,16 @@ def with_aliases(
     """
     if not entries:
         raise ValueError("an import needs at least one name")
-    originals = list(node.names)
-    last_original = originals[-1]
+    last_original = node.names[-1]
     multiline = _multiline(node)
     item_indent, closing_indent = _layout(node) if multiline else (None, None)
+    position = _Positions()
     out: list[cst.ImportAlias] = []
     for i, (alias, source) in enumerate(entries):
         source = source or node
         is_last = i == len(entries) - 1
-        src_names = list(source.names)
-        src_pos = next((k for k, a in enumerate(src_names) if a is alias), None)
+        src_names = source.names
+        src_pos = position(source, alias)
         if is_last and alias is last_original:
             out.append(alias)
             continue
@@ -117,7 +129,7 @@ def with_aliases(
             following, following_src = entries[i + 1]
             whitespace = cst.ParenthesizedWhitespace(
                 first_line=comment,
-                empty_lines=_leading_lines(following_src or node, following),
+                empty_lines=_leading_lines(following_src or node, position(following_src or node, following)),
                 indent=True,
                 last_line=item_indent,
             )
@@ -127,7 +139,7 @@ def with_aliases(
         # comment lines above the first name travel with it
         first, first_source = entries[0]
         opening = node.lpar.whitespace_after
-        leading = _leading_lines(first_source or node, first)
+        leading = _leading_lines(first_source or node, position(first_source or node, first))
         if list(leading) != list(opening.empty_lines):
             changes["lpar"] = node.lpar.with_changes(
                 whitespace_after=opening.with_changes(empty_lines=leading)
@@ -202,12 +214,12 @@ def alias_binding(alias: cst.ImportAlias) -> str | None:
 
 def has_comments(node: cst.ImportFrom, aliases: Sequence[cst.ImportAlias]) -> bool:
     """Whether any of ``aliases`` has a comment after it or on a line above it in ``node``."""
-    names = list(node.names)
+    position = _Positions()
     for alias in aliases:
-        pos = next((k for k, a in enumerate(names) if a is alias), None)
+        pos = position(node, alias)
         if pos is None:
             continue
-        own = _own_comment(node, alias, pos == len(names) - 1)
-        if own.comment is not None or any(e.comment for e in _leading_lines(node, alias)):
+        own = _own_comment(node, alias, pos == len(node.names) - 1)
+        if own.comment is not None or any(e.comment for e in _leading_lines(node, pos)):
             return True
     return False
