@@ -20,10 +20,12 @@ import ast
 import bisect
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from .findings import Finding
 from .move_map import MoveMap
 from .resolve import parent_and_base
+from .simple_uses import Use, statement_uses
 
 _SCAN = re.compile(rb"""(?P<q>'''|\"\"\"|'|")|(?P<c>\#)|(?P<o>[(\[{])|(?P<x>[)\]}])|(?P<n>\r\n|\r|\n)|(?P<b>\\(?:\r\n|\r|\n))""")
 _STRING_END = {
@@ -135,29 +137,126 @@ def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) 
     return re.compile(rb"\b(?:" + b"|".join(re.escape(w.encode()) for w in sorted(words)) + rb")\b")
 
 
+@dataclass(frozen=True)
+class FastStatement:
+    """A statement left out of the reduced module whose uses are copied from probes."""
+
+    start: int  # byte offset in the file
+    line: int  # 1-based line of the file it starts on
+    uses: list[Use]
+    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape
+
+
 @dataclass
 class Reduced:
-    """A module with the statements nobody cares about replaced by marker lines."""
+    """A module with the statements nobody cares about replaced by marker lines, and the
+    statements whose uses are all simple shapes replaced as well: one copy of each
+    distinct shape goes into a probe function placed before the marker of the first
+    statement using it, so the engine meets it in the order the whole file would."""
 
     source: bytes
-    pattern: re.Pattern[bytes]  # a marker line; group 1 is its index in ``originals``
-    originals: list[bytes]  # what each marker line stands for
+    token: str
+    original: bytes
+    runs: list[tuple[int, int, list[FastStatement]]]  # what each marker line stands for
     shifts: list[tuple[int, int]]  # (reduced line of a marker, original lines it stands for)
     skipped_words: set[str]  # identifiers in the replaced statements
+    probes: list[tuple[str, bytes]] = field(default_factory=list)  # (kind, text) of each shape
+    blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe function
+    probe_lines: dict[int, int] = field(default_factory=dict)  # reduced line -> shape
+    probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe ``def`` lines
 
-    def restore(self, new_source: bytes) -> bytes | None:
-        """``new_source`` with every marker swapped back; None if a marker is not there
-        exactly once (the caller then runs on the whole file)."""
+    def finish(self, new_source: bytes, findings: list[Finding]) -> tuple[bytes, list[Finding]] | None:
+        """The whole file's new bytes and findings from the engine's run on the reduced
+        module; None if anything is not where it has to be (the caller then runs on the
+        whole file)."""
+        read = self._read_probes(new_source)
+        if read is None:
+            return None
+        stripped, rewritten = read
+        per_shape: dict[int, list[tuple[int, Finding]]] = {}
+        out: list[Finding] = []
+        for finding in findings:
+            shape = self.probe_lines.get(finding.line)
+            if shape is not None:
+                start = len(_entry_prefix(self.probes[shape][0], self.token)) + 1
+                if finding.column < start:
+                    return None
+                per_shape.setdefault(shape, []).append((finding.column - start, finding))
+            elif finding.line in self.probe_heads:
+                return None
+            else:
+                out.append(replace(finding, line=self.original_line(finding.line)))
+        if per_shape:
+            for _start, _end, fast in self.runs:
+                for statement in fast:
+                    for use, shape in zip(statement.uses, statement.shapes):
+                        for offset, finding in per_shape.get(shape, ()):
+                            out.append(replace(finding, line=statement.line + use.line - 1,
+                                               column=use.column + 1 + offset))
+            out.sort(key=lambda f: (f.line, f.column, f.code))
+        restored = self.restore(stripped, rewritten)
+        return None if restored is None else (restored, out)
+
+    def _read_probes(self, new_source: bytes) -> tuple[bytes, list[bytes]] | None:
+        """``new_source`` without the probe functions, and each shape's rewritten text."""
+        if not self.blocks:
+            return new_source, []
+        head = re.compile(f"def _mm_codemod_probe_{self.token}_([0-9]+)\\(\\):(?:\r\n|\r|\n)".encode())
+        rewritten: list[bytes | None] = [None] * len(self.probes)
+        pieces, pos, seen = [], 0, []
+        for match in head.finditer(new_source):
+            pieces.append(new_source[pos : match.start()])
+            pos = match.end()
+            seen.append(int(match.group(1)))
+            for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
+                kind, text = self.probes[shape]
+                end = _LINE_END.search(new_source, pos)
+                if end is None:
+                    return None
+                line = new_source[pos : end.start()]
+                prefix = _entry_prefix(kind, self.token)
+                if not line.startswith(prefix):
+                    return None
+                if kind == "arg":
+                    if not line.endswith(b")"):
+                        return None
+                    rewritten[shape] = line[len(prefix) : -1]
+                elif line[len(prefix) :] == text:
+                    rewritten[shape] = text
+                else:
+                    return None
+                pos = end.end()
+        pieces.append(new_source[pos:])
+        if seen != list(range(len(self.blocks))) or any(r is None for r in rewritten):
+            return None
+        return b"".join(pieces), rewritten
+
+    def restore(self, new_source: bytes, rewritten: list[bytes] = ()) -> bytes | None:
+        """``new_source`` with every marker swapped back (simple uses rewritten as their
+        probes were); None if a marker is not there exactly once."""
         seen: list[int] = []
+        pattern = re.compile(f"_mm_codemod_kept_{self.token}_([0-9]+)(?:\r\n|\r|\n)".encode())
 
         def original(match: re.Match[bytes]) -> bytes:
             seen.append(int(match.group(1)))
-            return self.originals[seen[-1]]
+            return self._run_text(seen[-1], rewritten) if seen[-1] < len(self.runs) else b""
 
-        out = self.pattern.sub(original, new_source)
-        if sorted(seen) != list(range(len(self.originals))):
+        out = pattern.sub(original, new_source)
+        if sorted(seen) != list(range(len(self.runs))):
             return None
         return out
+
+    def _run_text(self, k: int, rewritten: list[bytes]) -> bytes:
+        start, end, fast = self.runs[k]
+        pieces, pos = [], start
+        for statement in fast:
+            for use, shape in zip(statement.uses, statement.shapes):
+                if rewritten[shape] != use.text:
+                    pieces.append(self.original[pos : statement.start + use.start])
+                    pieces.append(rewritten[shape])
+                    pos = statement.start + use.end
+        pieces.append(self.original[pos:end])
+        return b"".join(pieces)
 
     def original_line(self, line: int) -> int:
         """The line of the original file that reduced line ``line`` came from."""
@@ -173,31 +272,73 @@ class Reduced:
             self._extra.append(total)
 
 
-def reduce(source: bytes, move_map: MoveMap) -> Reduced | None:
-    """``source`` with its irrelevant top-level statements replaced, or None when that
-    would not save anything or the text cannot be scanned."""
+def _entry_prefix(kind: str, token: str) -> bytes:
+    """How a probe line starts: an expression is passed to a sink call (so a string is
+    not taken for a docstring), a statement string stands alone."""
+    return f"    _mm_codemod_sink_{token}(".encode() if kind == "arg" else b"    "
+
+
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+def _utf8(source: bytes) -> bool:
+    """Whether the file is UTF-8 (no coding cookie naming anything else): uses are
+    located by ``ast``'s UTF-8 byte offsets."""
+    for line in _LINE_END.split(source, 2)[:2]:
+        cookie = _COOKIE.match(line)
+        if cookie:
+            return cookie.group(1).lower().replace(b"_", b"-") in (b"utf-8", b"utf8")
+    return True
+
+
+def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Reduced | None:
+    """``source`` with its irrelevant top-level statements replaced (with
+    ``simple_uses``, also those whose uses are all simple), or None when that would not
+    save anything or the text cannot be scanned."""
     spans = statement_spans(source)
     if not spans:
         return None
     watched = watch_words(source, spans, move_map)
     if watched is None:
         return None
-    token = secrets.token_hex(6)
-    pieces: list[bytes] = []
-    originals: list[bytes] = []
-    shifts: list[tuple[int, int]] = []
+    simple_uses = simple_uses and _utf8(source)
     skipped: set[bytes] = set()
-    runs: list[list[int]] = []  # [start, end] of consecutive statements nobody cares about
+    shapes: dict[tuple[str, bytes], int] = {}
+    runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
+    line, pos = 1, 0
     for start, end in spans:
+        line += _count_lines(source, pos, start)
+        pos = start
+        fast = None
         if watched.search(source, start, end):
-            runs.append([-1, -1])
-        elif runs and runs[-1][0] >= 0:
-            runs[-1][1] = end
+            found = statement_uses(source[start:end], watched) if simple_uses and start > 0 else None
+            if found is None:
+                runs.append([-1, -1, []])
+                continue
+            uses, masked = found
+            fast = FastStatement(start, line, uses, [shapes.setdefault((u.kind, u.text), len(shapes)) for u in uses])
+            skipped.update(_WORD.findall(masked))
         else:
-            runs.append([start, end])
-    pos = 0
-    line = 1
-    for start, end in runs:
+            skipped.update(_WORD.findall(source, start, end))
+        if not runs or runs[-1][0] < 0:
+            runs.append([start, end, []])
+        runs[-1][1] = end
+        if fast is not None:
+            runs[-1][2].append(fast)
+    return _build(source, runs, list(shapes), skipped)
+
+
+def _build(source: bytes, runs: list[list], probes: list[tuple[str, bytes]], skipped: set[bytes]) -> Reduced | None:
+    token = secrets.token_hex(6)
+    kept: list[tuple[int, int, list[FastStatement]]] = []
+    pieces: list[bytes] = []
+    shifts: list[tuple[int, int]] = []
+    blocks: list[list[int]] = []
+    probe_lines: dict[int, int] = {}
+    probe_heads: set[int] = set()
+    next_shape = 0
+    pos, line = 0, 1
+    for start, end, fast in runs:
         if start < 0:
             continue
         chunk = source[start:end]
@@ -206,17 +347,31 @@ def reduce(source: bytes, move_map: MoveMap) -> Reduced | None:
             return None
         pieces.append(source[pos:start])
         line += _count_lines(source, pos, start)
-        pieces.append(f"_mm_codemod_kept_{token}_{len(originals)}".encode() + newline.group())
-        originals.append(chunk)
-        shifts.append((line, _count_lines(chunk)))
-        skipped.update(_WORD.findall(chunk))
+        # shapes are numbered in order of first use, so the ones new here follow on
+        last = max((k for statement in fast for k in statement.shapes), default=-1)
+        new_shapes = list(range(next_shape, last + 1))
+        block = 0
+        if new_shapes:
+            pieces.append(f"def _mm_codemod_probe_{token}_{len(blocks)}():".encode() + newline.group())
+            blocks.append(new_shapes)
+            probe_heads.add(line)
+            for offset, shape in enumerate(new_shapes, 1):
+                kind, text = probes[shape]
+                pieces.append(_entry_prefix(kind, token) + text + (b")" if kind == "arg" else b"") + newline.group())
+                probe_lines[line + offset] = shape
+            block = 1 + len(new_shapes)
+            line += block
+            next_shape = last + 1
+        pieces.append(f"_mm_codemod_kept_{token}_{len(kept)}".encode() + newline.group())
+        kept.append((start, end, fast))
+        shifts.append((line, _count_lines(chunk) - block))
         line += 1
         pos = end
-    if not originals:
+    if not kept:
         return None
     pieces.append(source[pos:])
-    pattern = re.compile(f"_mm_codemod_kept_{token}_([0-9]+)(?:\r\n|\r|\n)".encode())
-    return Reduced(b"".join(pieces), pattern, originals, shifts, {w.decode() for w in skipped})
+    return Reduced(b"".join(pieces), token, source, kept, shifts, {w.decode() for w in skipped},
+                   probes, blocks, probe_lines, probe_heads)
 
 
 def _count_lines(text: bytes, start: int = 0, end: int | None = None) -> int:

@@ -19,7 +19,7 @@ what can matter; the result is the same as the whole-file pass.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import libcst as cst
 
@@ -147,10 +147,10 @@ def _migrate_reduced(
     new_module, findings = migrate_module(
         module, move_map, path=path, package=package, taken_names=reduced.skipped_words
     )
-    new_bytes = reduced.restore(new_module.bytes)
-    if new_bytes is None:
+    finished = reduced.finish(new_module.bytes, findings)
+    if finished is None:
         return None
-    findings = [replace(f, line=reduced.original_line(f.line)) for f in findings]
+    new_bytes, findings = finished
     return FileOutcome(None if new_bytes == raw else new_bytes, findings)
 
 

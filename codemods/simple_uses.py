@@ -1,0 +1,238 @@
+"""Top-level functions and classes whose uses of the map's names are simple shapes.
+
+A large module where nearly every function uses the old module would make libcst parse
+and analyse all of it. But inside a function body that binds none of the names
+involved, a use such as ``mm_utils.get_embedding_chunk``, a moved name imported at
+module level, a patch target string or a ``mock.patch("...")`` call means the same
+thing wherever it appears: it resolves to the module-level bindings and nothing around
+it changes what the engine does with it. ``statement_uses`` finds such uses with
+CPython's ``ast`` (no libcst) and says where they are; ``segments`` then hands libcst
+one copy of each distinct use and copies the outcome (rewrite and findings) to every
+place it occurs.
+
+Anything less plain makes the whole statement go through libcst: an import, ``global``
+or ``nonlocal``, a string constant assigned to a name (a patch target elsewhere may be
+built from it), a use in a decorator, default, annotation or class body, a use whose
+names are bound inside the statement, a use over several lines, an ``if`` on a version,
+``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
+word left over once the recognised uses are taken out (a keyword argument, a comment).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+
+# Calls whose arguments the engine reads (patch targets, setattr/getattr names, dynamic
+# imports): such a call is planned as a whole.
+_CALL_EXACT = frozenset({"setattr", "delattr", "getattr", "hasattr"})
+_CALL_LAST = frozenset({"import_module", "__import__", "patch", "setattr", "delattr"})
+_CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One use inside a statement: ``kind`` is "arg" (an expression) or "stmt" (a string
+    that is a statement of its own, which the engine treats as a docstring)."""
+
+    kind: str
+    text: bytes
+    start: int  # byte offsets in the statement
+    end: int
+    line: int  # 1-based, within the statement
+    column: int  # 0-based, in characters
+
+
+class _Refused(Exception):
+    pass
+
+
+def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use], bytes] | None:
+    """The simple uses in one top-level statement and the statement's text with them
+    blanked out, or None when the statement has to go through libcst."""
+    try:
+        tree = ast.parse(chunk)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1:
+        return None
+    top = tree.body[0]
+    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or watched.fullmatch(top.name.encode()):
+        return None
+    if b"sys.modules" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
+        return None
+    finder = _Finder(chunk, watched)
+    try:
+        finder.statement(top)
+    except _Refused:
+        return None
+    if any(name in finder.bound for name in finder.use_names):
+        return None
+    masked = bytearray(chunk)
+    for use in finder.uses:
+        masked[use.start : use.end] = b" " * (use.end - use.start)
+    if watched.search(masked):
+        return None
+    return finder.uses, bytes(masked)
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attribute reads, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _special_call(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return name in _CALL_EXACT or last in _CALL_LAST or name.endswith(_CALL_ENDS) or name.startswith("__all__")
+
+
+class _Finder:
+    def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
+        self.chunk = chunk
+        self.watched = watched
+        self.line_starts = [0] + [m.end() for m in _LINE_END.finditer(chunk)]
+        self.uses: list[Use] = []
+        self.bound: set[str] = set()  # every name bound anywhere in the statement
+        self.use_names: set[str] = set()  # every name read inside a use
+
+    # positions ------------------------------------------------------------------
+    def _offset(self, line: int, column: int) -> int:
+        return self.line_starts[line - 1] + column
+
+    def _text(self, node: ast.AST) -> bytes:
+        return self.chunk[self._offset(node.lineno, node.col_offset) : self._offset(node.end_lineno, node.end_col_offset)]
+
+    def _mentions(self, node: ast.AST) -> bool:
+        return self.watched.search(self._text(node)) is not None
+
+    def _use(self, node: ast.AST, kind: str, in_function: bool, in_annotation: bool) -> None:
+        if not in_function or in_annotation or node.lineno != node.end_lineno:
+            raise _Refused
+        start = self._offset(node.lineno, node.col_offset)
+        end = self._offset(node.end_lineno, node.end_col_offset)
+        line_start = self.line_starts[node.lineno - 1]
+        column = len(self.chunk[line_start:start].decode("utf-8"))
+        self.uses.append(Use(kind, self.chunk[start:end], start, end, node.lineno, column))
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.Name):
+                self.use_names.add(inner.id)
+            elif isinstance(inner, (ast.Lambda, ast.NamedExpr, ast.comprehension, ast.Starred)):
+                raise _Refused
+
+    # the walk ---------------------------------------------------------------------
+    def statement(self, top: ast.AST) -> None:
+        self.visit(top, False, False, None)
+
+    def _arguments(self, args: ast.arguments, in_function: bool) -> None:
+        for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg):
+            if arg is not None:
+                self.bound.add(arg.arg)
+                if arg.annotation is not None:
+                    self.visit(arg.annotation, in_function, True, None)
+        for default in (*args.defaults, *args.kw_defaults):
+            if default is not None:
+                self.visit(default, in_function, False, None)
+
+    def visit(self, node: ast.AST, in_function: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+        if isinstance(node, _REFUSED):
+            raise _Refused
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.bound.add(node.name)
+            for decorator in node.decorator_list:
+                self.visit(decorator, in_function, in_annotation, node)
+            if isinstance(node, ast.ClassDef):
+                for base in (*node.bases, *node.keywords):
+                    self.visit(base, in_function, in_annotation, node)
+                for statement in node.body:
+                    self.visit(statement, False, False, node)
+                return
+            self._arguments(node.args, in_function)
+            if node.returns is not None:
+                self.visit(node.returns, in_function, True, node)
+            for statement in node.body:
+                self.visit(statement, True, False, node)
+            return
+        if isinstance(node, ast.Lambda):
+            self._arguments(node.args, in_function)
+            self.visit(node.body, True, in_annotation, node)
+            return
+        if isinstance(node, ast.AnnAssign):
+            self.visit(node.target, in_function, in_annotation, node)
+            self.visit(node.annotation, in_function, True, node)
+            if node.value is not None:
+                self.visit(node.value, in_function, in_annotation, node)
+            return
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            raise _Refused  # a module path kept in a constant may feed a patch target elsewhere
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            self._chain(node, in_function, in_annotation)
+            return
+        if isinstance(node, ast.Call):
+            name = dotted(node.func)
+            if name is not None and _special_call(name) and self._mentions(node):
+                self._call(node, name)
+                self._use(node, "arg", in_function, in_annotation)
+                return
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, (str, bytes)) and self._mentions(node):
+                if not isinstance(node.value, str) or (isinstance(parent, ast.Expr) and b">>>" in self._text(node)):
+                    raise _Refused
+                self._use(node, "stmt" if isinstance(parent, ast.Expr) else "arg", in_function, in_annotation)
+            return
+        elif isinstance(node, ast.JoinedStr):
+            if self._mentions(node):
+                raise _Refused
+        elif isinstance(node, ast.ExceptHandler):
+            if node.name:
+                self.bound.add(node.name)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)):
+            if node.name:
+                self.bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping):
+            if node.rest:
+                self.bound.add(node.rest)
+        for child in ast.iter_child_nodes(node):
+            self.visit(child, in_function, in_annotation, node)
+
+    def _chain(self, node: ast.Name | ast.Attribute, in_function: bool, in_annotation: bool) -> None:
+        """A name, or attribute reads on one: a use when it names a watched word."""
+        if dotted(node) is None:
+            # attribute of something that is not a plain name: its value is walked, and
+            # a watched attribute name here is left for the final check to refuse
+            self.visit(node.value, in_function, in_annotation, node)
+            return
+        store = not isinstance(node.ctx, ast.Load)
+        if isinstance(node, ast.Name) and store:
+            self.bound.add(node.id)
+        if not self._mentions(node):
+            return
+        if store:
+            raise _Refused
+        self._use(node, "arg", in_function, in_annotation)
+
+    def _call(self, node: ast.Call, name: str) -> None:
+        """A call the engine reads the arguments of: plain arguments only, and a patch
+        target that is not a bare name (the engine would look that name up as a
+        constant anywhere in the file)."""
+        for arg in node.args:
+            if not isinstance(arg, ast.Constant) and dotted(arg) is None:
+                raise _Refused
+        for keyword in node.keywords:
+            if keyword.arg is None or (not isinstance(keyword.value, ast.Constant) and dotted(keyword.value) is None):
+                raise _Refused
+        if name.rsplit(".", 1)[-1] == "patch" and name not in _CALL_EXACT:
+            target = next((k.value for k in node.keywords if k.arg == "target"), node.args[0] if node.args else None)
+            if isinstance(target, ast.Name):
+                raise _Refused
