@@ -1,0 +1,199 @@
+"""Large files: top-level functions whose uses of the map's names are simple shapes skip
+libcst; the engine plans one copy of each distinct use and the outcome is copied to every
+occurrence. The result must be exactly the whole-file pass (bytes and findings), and any
+statement with something less plain must go through libcst instead."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from mm_schedule.codemods.segments import reduce, statement_spans, watch_words
+from mm_schedule.codemods.simple_uses import statement_uses
+from mm_schedule.codemods.transform import migrate_source
+
+WHOLE = 1 << 62  # never segment
+
+HEADER = '''"""A generated module."""
+import importlib
+import unittest.mock as mock
+
+from sglang.srt.managers import mm_utils
+import sglang.srt.managers.mm_utils as mmu
+from sglang.srt.managers.mm_utils import (
+    get_embedding_chunk,  # keep me
+    embedding_cache,
+    MultimodalDataItem,
+)
+'''
+
+# statements whose uses are all simple: planned once per distinct use
+SIMPLE = [
+    '''
+def chunk_{i}(x):
+    return mm_utils.get_embedding_chunk(x) + get_embedding_chunk(x, {i})
+''',
+    '''
+def patched_{i}():
+    with mock.patch("sglang.srt.managers.mm_utils._get_multimodal_mask"):
+        return embedding_cache, MultimodalDataItem
+''',
+    '''
+class Holder{i}:
+    """Nothing to see."""
+
+    def method(self, value=1):
+        return "caf\u00e9 \u2014 {i}", mmu._is_hip, mmu.PerImageRequestInfo
+''',
+    '''
+def dynamic_{i}(flag):
+    getattr(mm_utils, "get_embedding_chunk")
+    setattr(mm_utils, "_is_hip", flag)
+    return mock.patch.object(mm_utils, "get_embedding_and_mask")
+''',
+    '''
+def strings_{i}():
+    """Mentions sglang.srt.managers.mm_utils.get_embedding_chunk in prose."""
+    return ("sglang.srt.managers.mm_utils.get_embedding_chunk",
+            "sglang/srt/managers/mm_utils.py")
+''',
+    '''
+def nested_{i}():
+    def inner(rows):
+        return [mmu.PerImageRequestInfo for _ in rows]
+    return inner, lambda: mm_utils.old_helper
+''',
+    '''
+async def multiple_{i}():
+    mock.patch.multiple(mm_utils, get_embedding_chunk=None)
+    return importlib.import_module("sglang.srt.managers.mm_utils")
+''',
+]
+
+# the module object used for a name that stayed: the binding cannot simply be retargeted
+STAYED = '''
+def stayed_{i}():
+    return mm_utils.something_that_stayed
+'''
+
+# statements that must go through libcst (each for a reason in ``simple_uses``)
+REFUSED = [
+    '''
+def local_{i}(mm_utils=None):
+    return mm_utils.get_embedding_chunk
+''',
+    '''
+@mock.patch("sglang.srt.managers.mm_utils._is_hip")
+def decorated_{i}(patched):
+    return patched
+''',
+    '''
+def rebinds_{i}():
+    global embedding_cache
+    embedding_cache = None
+''',
+    '''
+def stores_{i}():
+    mm_utils.embedding_cache = {i}
+''',
+    '''
+def split_{i}():
+    return (mm_utils
+            .get_embedding_chunk)
+''',
+    '''
+def keyword_{i}():
+    return dict(get_embedding_chunk={i})
+''',
+    '''
+def imports_{i}():
+    from sglang.srt.managers.mm_utils import _is_hip
+    return _is_hip
+''',
+    '''
+def constant_{i}():
+    TARGET = "sglang.srt.managers.mm_utils._is_hip"
+    return mock.patch(TARGET)
+''',
+    '''
+def formatted_{i}():
+    return f"{{mm_utils.get_embedding_chunk}}"
+''',
+    '''
+def doctest_{i}():
+    """>>> mm_utils.get_embedding_chunk(1)"""
+''',
+    '''
+class Body{i}:
+    value = mm_utils._is_hip
+''',
+]
+
+PLAIN = '''
+def plain_{i}(a, b=2):
+    return a + b
+'''
+
+
+def _generated(seed: int, statements: int, stayed: bool) -> bytes:
+    rng = random.Random(seed)
+    parts = [HEADER]
+    for i in range(statements):
+        roll = rng.random()
+        pool = SIMPLE if roll < 0.6 else REFUSED if roll < 0.8 else [PLAIN]
+        parts.append(rng.choice(pool).format(i=i))
+        if stayed and i == statements // 2:
+            parts.append(STAYED.format(i=i))
+    return "".join(parts).encode()
+
+
+def _fast_statements(reduced) -> int:
+    return sum(len(fast) for _, _, fast in reduced.runs)
+
+
+@pytest.mark.parametrize("stayed", [False, True])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_simple_uses_give_what_the_whole_file_pass_gives(move_map, seed, stayed):
+    source = _generated(seed, 150, stayed)
+    reduced = reduce(source, move_map)
+    assert reduced is not None and _fast_statements(reduced) > 40, "the simple-use path was not taken"
+    assert len(reduced.probes) < _fast_statements(reduced), "no use was shared: nothing was copied"
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="big.py", package="app", segment_above=0)
+    assert whole.new_source is not None and len(whole.findings) > 100
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
+
+
+def test_the_probes_do_not_reach_the_output(move_map):
+    source = _generated(4, 60, False)
+    reduced = reduce(source, move_map)
+    assert reduced is not None and reduced.blocks
+    outcome = migrate_source(source, move_map, path="big.py", package="app", segment_above=0)
+    assert not re.search(rb"_mm_codemod_(probe|sink|kept)_", outcome.new_source)
+
+
+def _uses(move_map, body: str):
+    source = (HEADER + body).encode()
+    spans = statement_spans(source)
+    watched = watch_words(source, spans, move_map)
+    start, end = spans[-1]
+    return statement_uses(source[start:end], watched)
+
+
+@pytest.mark.parametrize("template", REFUSED)
+def test_what_is_not_plain_goes_through_libcst(move_map, template):
+    assert _uses(move_map, template.format(i=0)) is None
+
+
+def test_uses_are_located_in_characters_on_their_line(move_map):
+    found = _uses(move_map, SIMPLE[2].format(i=0))
+    assert found is not None
+    uses, masked = found
+    texts = [u.text for u in uses]
+    assert texts == [b"mmu._is_hip", b"mmu.PerImageRequestInfo"]
+    line = SIMPLE[2].format(i=0).lstrip("\n").splitlines()[uses[0].line - 1]
+    assert line[uses[0].column :].startswith("mmu._is_hip")  # after two non-ASCII characters
+    assert b"mmu" not in masked and b"caf" in masked
