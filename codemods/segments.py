@@ -39,6 +39,9 @@ _TRAILING_NEWLINE = re.compile(rb"(?:\r\n|\r|\n)\Z")
 _CONTINUES = re.compile(rb"(?:else|elif|except|finally)\b")
 _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+# ``NAME = "text"``: the engine reads such names as constants wherever a patch target or
+# a ``sys.modules`` key is built from them, so the statements naming them must be seen
+_CONSTANT = re.compile(rb"""(?m)(?:^|;)[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
 
 
 def _line_starts(source: bytes) -> list[tuple[int, bool]] | None:
@@ -116,7 +119,8 @@ def _decorator_only(source: bytes, lines, start: int, k: int) -> bool:
 def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) -> re.Pattern[bytes] | None:
     """Words whose presence makes a statement worth handing to libcst: names that left,
     the base names of every module involved, and every name an import in a statement
-    that mentions one of those modules binds. None when such a statement does not parse."""
+    that mentions one of those modules binds, and every name assigned a string (a module
+    path may be kept in it). None when such a statement does not parse."""
     modules = {move_map.old_module, move_map.new_module, *move_map.import_origins.values()}
     bases = {parent_and_base(m)[1] for m in modules}
     words = set(move_map.interesting) | bases
@@ -133,6 +137,7 @@ def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) 
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for alias in node.names:
                     words.add(alias.asname or alias.name.split(".")[0])
+    words.update(name.decode() for name in _CONSTANT.findall(source))
     words.discard("*")
     return re.compile(rb"\b(?:" + b"|".join(re.escape(w.encode()) for w in sorted(words)) + rb")\b")
 

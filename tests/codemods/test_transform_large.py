@@ -197,3 +197,31 @@ def test_segmented_pass_equals_whole_file_pass_on_a_real_release():
             assert parts == whole, name
             checked += 1
     assert checked > 50
+
+
+def test_constants_in_left_out_statements_still_build_patch_targets(move_map):
+    """A module path kept in a constant reaches a patch target or a ``sys.modules`` key
+    in another statement; neither statement mentions the map's words on its own."""
+    source = (HEADER + '''
+PREFIX = "sglang.srt.managers."
+TARGET = "sglang.srt.managers.mm_utils._is_hip"
+KEY = PREFIX + "mm_utils"
+
+
+def patch_prefix():
+    return mock.patch(PREFIX + "mm_utils.get_embedding_chunk")
+
+
+def patch_target():
+    return mock.patch(TARGET)
+
+
+def stub(module):
+    sys.modules[PREFIX + "mm_utils"] = module
+''' + "".join(p.format(i=i) for i in range(40) for p in PLAIN)).encode()
+    assert reduce(source, move_map) is not None
+    whole = migrate_source(source, move_map, path="c.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="c.py", package="app", segment_above=0)
+    assert {"MMS012", "MMS013"} <= {f.code for f in whole.findings}
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
