@@ -39,9 +39,10 @@ _TRAILING_NEWLINE = re.compile(rb"(?:\r\n|\r|\n)\Z")
 _CONTINUES = re.compile(rb"(?:else|elif|except|finally)\b")
 _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
-# ``NAME = "text"``: the engine reads such names as constants wherever a patch target or
-# a ``sys.modules`` key is built from them, so the statements naming them must be seen
+# ``NAME = "text"`` anywhere in a file is a constant to the engine: a patch target or a
+# ``sys.modules`` key built from NAME (in a call these words name) is read through it
 _CONSTANT = re.compile(rb"""(?m)(?:^|;)[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
+_READS_CONSTANTS = re.compile(rb"patch|setattr|delattr|sys\.modules")
 
 
 def _line_starts(source: bytes) -> list[tuple[int, bool]] | None:
@@ -116,11 +117,33 @@ def _decorator_only(source: bytes, lines, start: int, k: int) -> bool:
     return re.search(rb"^(?:async\s+)?(?:def|class)\b", text, re.M) is None
 
 
+def constant_readers(source: bytes, spans: list[tuple[int, int]]) -> set[int]:
+    """Indices of the statements libcst must see whatever words they contain: those
+    that may build a patch target or a ``sys.modules`` key from a string constant, and
+    those that assign the constants they use (the engine reads constants file-wide)."""
+    assigned: dict[bytes, list[int]] = {}
+    starts = [start for start, _ in spans]
+    for match in _CONSTANT.finditer(source):
+        k = bisect.bisect_right(starts, match.start(1)) - 1
+        if k >= 0 and match.start(1) < spans[k][1]:
+            assigned.setdefault(match.group(1), []).append(k)
+    if not assigned:
+        return set()
+    names = re.compile(rb"\b(?:" + b"|".join(re.escape(n) for n in sorted(assigned)) + rb")\b")
+    out: set[int] = set()
+    for k in sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _READS_CONSTANTS.finditer(source)}):
+        if k < 0 or not names.search(source, *spans[k]):
+            continue
+        out.add(k)
+        for used in set(names.findall(source, *spans[k])):
+            out.update(assigned[used])
+    return out
+
+
 def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) -> re.Pattern[bytes] | None:
     """Words whose presence makes a statement worth handing to libcst: names that left,
     the base names of every module involved, and every name an import in a statement
-    that mentions one of those modules binds, and every name assigned a string (a module
-    path may be kept in it). None when such a statement does not parse."""
+    that mentions one of those modules binds. None when such a statement does not parse."""
     modules = {move_map.old_module, move_map.new_module, *move_map.import_origins.values()}
     bases = {parent_and_base(m)[1] for m in modules}
     words = set(move_map.interesting) | bases
@@ -137,7 +160,6 @@ def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) 
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for alias in node.names:
                     words.add(alias.asname or alias.name.split(".")[0])
-    words.update(name.decode() for name in _CONSTANT.findall(source))
     words.discard("*")
     return re.compile(rb"\b(?:" + b"|".join(re.escape(w.encode()) for w in sorted(words)) + rb")\b")
 
@@ -307,14 +329,18 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
     if watched is None:
         return None
     simple_uses = simple_uses and _utf8(source)
+    readers = constant_readers(source, spans)
     skipped: set[bytes] = set()
     shapes: dict[tuple[str, bytes], int] = {}
     runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
     line, pos = 1, 0
-    for start, end in spans:
+    for k, (start, end) in enumerate(spans):
         line += _count_lines(source, pos, start)
         pos = start
         fast = None
+        if k in readers:
+            runs.append([-1, -1, []])
+            continue
         if watched.search(source, start, end):
             found = statement_uses(source[start:end], watched) if simple_uses and start > 0 else None
             if found is None:
