@@ -150,7 +150,7 @@ def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) 
     mentions = re.compile(b"|".join(re.escape(b.encode()) for b in sorted(bases)))
     for start, end in spans:
         chunk = source[start:end]
-        if not mentions.search(chunk):
+        if b"import" not in chunk or not mentions.search(chunk):
             continue
         try:
             tree = ast.parse(chunk)

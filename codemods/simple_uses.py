@@ -124,6 +124,9 @@ class _Finder:
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
         self.uses.append(Use(kind, self.chunk[start:end], start, end, node.lineno, column))
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            self.use_names.add(dotted(node).split(".", 1)[0])
+            return
         for inner in ast.walk(node):
             if isinstance(inner, ast.Name):
                 self.use_names.add(inner.id)
