@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from .findings import Finding
 from .move_map import MoveMap
-from .resolve import parent_and_base
+from .resolve import may_bind, parent_and_base
 from .simple_uses import Use, statement_uses
 
 _SCAN = re.compile(rb"""(?P<q>'''|\"\"\"|'|")|(?P<c>\#)|(?P<o>[(\[{])|(?P<x>[)\]}])|(?P<n>\r\n|\r|\n)|(?P<b>\\(?:\r\n|\r|\n))""")
@@ -142,26 +142,42 @@ def constant_readers(source: bytes, spans: list[tuple[int, int]]) -> set[int]:
 
 def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) -> re.Pattern[bytes] | None:
     """Words whose presence makes a statement worth handing to libcst: names that left,
-    the base names of every module involved, and every name an import in a statement
-    that mentions one of those modules binds. None when such a statement does not parse."""
+    the base names of every module involved, every name an import in a statement that
+    mentions one of those bases binds, and every name an import binds to a package above
+    an involved module (``import torch`` reaches ``torch.nn.functional``). None when such
+    a statement does not parse."""
     modules = {move_map.old_module, move_map.new_module, *move_map.import_origins.values()}
     bases = {parent_and_base(m)[1] for m in modules}
+    parts = {part for m in modules for part in m.split(".")}
     words = set(move_map.interesting) | bases
     mentions = re.compile(b"|".join(re.escape(b.encode()) for b in sorted(bases)))
+    mentions_part = re.compile(b"|".join(re.escape(p.encode()) for p in sorted(parts)))
     for start, end in spans:
         chunk = source[start:end]
-        if b"import" not in chunk or not mentions.search(chunk):
+        if b"import" not in chunk or not mentions_part.search(chunk):
             continue
         try:
             tree = ast.parse(chunk)
         except (SyntaxError, ValueError):
             return None
+        every_name = mentions.search(chunk) is not None
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for alias in node.names:
-                    words.add(alias.asname or alias.name.split(".")[0])
+                    if every_name or _reaches(node, alias, modules, parts):
+                        words.add(alias.asname or alias.name.split(".")[0])
     words.discard("*")
     return re.compile(rb"\b(?:" + b"|".join(re.escape(w.encode()) for w in sorted(words)) + rb")\b")
+
+
+def _reaches(node: ast.Import | ast.ImportFrom, alias: ast.alias, modules: set[str], parts: set[str]) -> bool:
+    """Whether the name ``alias`` binds may be a package above (or at) an involved module."""
+    if isinstance(node, ast.Import):
+        bound = alias.name if alias.asname else alias.name.split(".")[0]
+        return any(may_bind(m, bound) for m in modules)
+    if node.level:  # the package is unknown here: any part of a module path may be it
+        return alias.name in parts
+    return any(may_bind(m, alias.name, node.module) for m in modules)
 
 
 @dataclass(frozen=True)

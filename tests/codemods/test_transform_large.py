@@ -225,3 +225,17 @@ def stub(module):
     assert {"MMS012", "MMS013"} <= {f.code for f in whole.findings}
     assert parts.new_source == whole.new_source
     assert parts.findings == whole.findings
+
+
+def test_an_import_of_a_package_above_the_old_module_is_kept(move_map):
+    """``import sglang.srt`` names none of the map's words, yet uses reach the old module
+    through it: the segmented pass must keep the import and rewrite those uses."""
+    source = ('"""Top package only."""\nimport os\nimport sglang.srt\n'
+              + "".join(p.format(i=i) for i in range(30) for p in PLAIN)
+              + "\n\ndef use(x):\n    return sglang.srt.managers.mm_utils.get_embedding_chunk(x)\n").encode()
+    assert reduce(source, move_map) is not None
+    whole = migrate_source(source, move_map, path="t.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="t.py", package="app", segment_above=0)
+    assert whole.new_source is not None and b"mm_schedule.get_embedding_chunk" in whole.new_source
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
