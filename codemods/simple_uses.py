@@ -1,19 +1,21 @@
 """Top-level functions and classes whose uses of the map's names are simple shapes.
 
 A large module where nearly every function uses the old module would make libcst parse
-and analyse all of it. But inside a function body that binds none of the names
+and analyse all of it. But inside a function or class body that binds none of the names
 involved, a use such as ``mm_utils.get_embedding_chunk``, a moved name imported at
 module level, a patch target string or a ``mock.patch("...")`` call means the same
-thing wherever it appears: it resolves to the module-level bindings and nothing around
-it changes what the engine does with it. ``statement_uses`` finds such uses with
-CPython's ``ast`` (no libcst) and says where they are; ``segments`` then hands libcst
-one copy of each distinct use and copies the outcome (rewrite and findings) to every
-place it occurs.
+thing wherever it appears: it resolves to the module-level bindings (scope analysis
+does not order accesses in a nested scope against module-level assignments) and
+nothing around it changes what the engine does with it. ``statement_uses`` finds such
+uses with CPython's ``ast`` (no libcst) and says where they are; ``segments`` then hands
+libcst one copy of each distinct use and copies the outcome (rewrite and findings) to
+every place it occurs.
 
 Anything less plain makes the whole statement go through libcst: an import, ``global``
 or ``nonlocal``, a string constant assigned to a name (a patch target elsewhere may be
-built from it), a use in a decorator, default, annotation or class body, a use whose
-names are bound inside the statement, a use over several lines, an ``if`` on a version,
+built from it), a use evaluated at module level (the statement's own decorators,
+defaults, annotations or base classes), a string annotation, a use whose names are
+bound inside the statement, a use over several lines, an ``if`` on a version,
 ``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
 word left over once the recognised uses are taken out (a keyword argument, a comment).
 """
@@ -116,9 +118,11 @@ class _Finder:
     def _mentions(self, node: ast.AST) -> bool:
         return self.watched.search(self._text(node)) is not None
 
-    def _use(self, node: ast.AST, kind: str, in_function: bool, in_annotation: bool) -> None:
-        if not in_function or in_annotation or node.lineno != node.end_lineno:
+    def _use(self, node: ast.AST, kind: str, nested: bool, in_annotation: bool) -> None:
+        if not nested or node.lineno != node.end_lineno:
             raise _Refused
+        if in_annotation and not isinstance(node, (ast.Name, ast.Attribute)):
+            raise _Refused  # a string annotation is reported by the engine as such
         start = self._offset(node.lineno, node.col_offset)
         end = self._offset(node.end_lineno, node.end_col_offset)
         line_start = self.line_starts[node.lineno - 1]
@@ -137,62 +141,62 @@ class _Finder:
     def statement(self, top: ast.AST) -> None:
         self.visit(top, False, False, None)
 
-    def _arguments(self, args: ast.arguments, in_function: bool) -> None:
+    def _arguments(self, args: ast.arguments, nested: bool) -> None:
         for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg):
             if arg is not None:
                 self.bound.add(arg.arg)
                 if arg.annotation is not None:
-                    self.visit(arg.annotation, in_function, True, None)
+                    self.visit(arg.annotation, nested, True, None)
         for default in (*args.defaults, *args.kw_defaults):
             if default is not None:
-                self.visit(default, in_function, False, None)
+                self.visit(default, nested, False, None)
 
-    def visit(self, node: ast.AST, in_function: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+    def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
         if isinstance(node, _REFUSED):
             raise _Refused
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self.bound.add(node.name)
             for decorator in node.decorator_list:
-                self.visit(decorator, in_function, in_annotation, node)
+                self.visit(decorator, nested, in_annotation, node)
             if isinstance(node, ast.ClassDef):
                 for base in (*node.bases, *node.keywords):
-                    self.visit(base, in_function, in_annotation, node)
+                    self.visit(base, nested, in_annotation, node)
                 for statement in node.body:
-                    self.visit(statement, False, False, node)
+                    self.visit(statement, True, False, node)
                 return
-            self._arguments(node.args, in_function)
+            self._arguments(node.args, nested)
             if node.returns is not None:
-                self.visit(node.returns, in_function, True, node)
+                self.visit(node.returns, nested, True, node)
             for statement in node.body:
                 self.visit(statement, True, False, node)
             return
         if isinstance(node, ast.Lambda):
-            self._arguments(node.args, in_function)
+            self._arguments(node.args, nested)
             self.visit(node.body, True, in_annotation, node)
             return
         if isinstance(node, ast.AnnAssign):
-            self.visit(node.target, in_function, in_annotation, node)
-            self.visit(node.annotation, in_function, True, node)
+            self.visit(node.target, nested, in_annotation, node)
+            self.visit(node.annotation, nested, True, node)
             if node.value is not None:
-                self.visit(node.value, in_function, in_annotation, node)
+                self.visit(node.value, nested, in_annotation, node)
             return
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             raise _Refused  # a module path kept in a constant may feed a patch target elsewhere
         if isinstance(node, (ast.Name, ast.Attribute)):
-            self._chain(node, in_function, in_annotation)
+            self._chain(node, nested, in_annotation)
             return
         if isinstance(node, ast.Call):
             name = dotted(node.func)
             if name is not None and _special_call(name) and self._mentions(node):
                 self._call(node, name)
-                self._use(node, "arg", in_function, in_annotation)
+                self._use(node, "arg", nested, in_annotation)
                 return
         elif isinstance(node, ast.Constant):
             if isinstance(node.value, (str, bytes)) and self._mentions(node):
                 if not isinstance(node.value, str) or (isinstance(parent, ast.Expr) and b">>>" in self._text(node)):
                     raise _Refused
-                self._use(node, "stmt" if isinstance(parent, ast.Expr) else "arg", in_function, in_annotation)
+                self._use(node, "stmt" if isinstance(parent, ast.Expr) else "arg", nested, in_annotation)
             return
         elif isinstance(node, ast.JoinedStr):
             if self._mentions(node):
@@ -207,14 +211,14 @@ class _Finder:
             if node.rest:
                 self.bound.add(node.rest)
         for child in ast.iter_child_nodes(node):
-            self.visit(child, in_function, in_annotation, node)
+            self.visit(child, nested, in_annotation, node)
 
-    def _chain(self, node: ast.Name | ast.Attribute, in_function: bool, in_annotation: bool) -> None:
+    def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:
         """A name, or attribute reads on one: a use when it names a watched word."""
         if dotted(node) is None:
             # attribute of something that is not a plain name: its value is walked, and
             # a watched attribute name here is left for the final check to refuse
-            self.visit(node.value, in_function, in_annotation, node)
+            self.visit(node.value, nested, in_annotation, node)
             return
         store = not isinstance(node.ctx, ast.Load)
         if isinstance(node, ast.Name) and store:
@@ -223,7 +227,7 @@ class _Finder:
             return
         if store:
             raise _Refused
-        self._use(node, "arg", in_function, in_annotation)
+        self._use(node, "arg", nested, in_annotation)
 
     def _call(self, node: ast.Call, name: str) -> None:
         """A call the engine reads the arguments of: plain arguments only, and a patch

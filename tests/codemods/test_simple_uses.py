@@ -66,6 +66,13 @@ def nested_{i}():
     return inner, lambda: mm_utils.old_helper
 ''',
     '''
+class Body{i}:
+    value: mm_utils.PerImageRequestInfo = mm_utils._is_hip
+
+    def method(self, other: mmu.PerImageRequestInfo) -> mm_utils.PerImageRequestInfo:
+        return other
+''',
+    '''
 async def multiple_{i}():
     mock.patch.multiple(mm_utils, get_embedding_chunk=None)
     return importlib.import_module("sglang.srt.managers.mm_utils")
@@ -126,8 +133,14 @@ def doctest_{i}():
     """>>> mm_utils.get_embedding_chunk(1)"""
 ''',
     '''
-class Body{i}:
-    value = mm_utils._is_hip
+def annotated_{i}(value: mm_utils.PerImageRequestInfo):
+    return value
+''',
+    '''
+def quoted_{i}():
+    def inner(value: "mm_utils.PerImageRequestInfo"):
+        return value
+    return inner
 ''',
 ]
 
