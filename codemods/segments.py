@@ -1,16 +1,19 @@
-"""Large files: hand libcst only the top-level statements that could need an edit.
+"""Large files: hand libcst only the top-level statements that need it.
 
 libcst costs about 5 us and 600 bytes of memory per source byte to parse, and the
 scope analysis as much again, so a multi-megabyte module would take minutes and
-gigabytes although almost all of it never mentions the old module. A light scanner
-(strings, comments, brackets and line continuations only; no parse) finds where each
-top-level statement starts and ends; every statement that contains none of the words
-the map cares about is replaced by one marker line, the reduced module goes through
-the engine unchanged, and the markers are swapped back for the original bytes.
+gigabytes. A light scanner (strings, comments, brackets and line continuations only; no
+parse) finds where each top-level statement starts and ends. A statement that contains
+none of the words the map cares about is replaced by one marker line; one whose uses of
+those words are all simple shapes (``simple_uses``) is replaced as well, and one copy of
+each distinct use goes into a probe function placed before the marker of the first
+statement using it. The reduced module goes through the engine unchanged; the markers
+are swapped back for the original bytes, with every simple use rewritten the way the
+engine rewrote its probe copy, and the probe's findings are repeated at every use.
 
 Replacing a statement keeps everything around it (comments between statements stay
 where libcst attaches them), so the engine sees the same structure it would see in
-the whole file. Any doubt (a marker not found exactly once afterwards) makes the
+the whole file. Any doubt (a marker or a probe line not found as written) makes the
 caller fall back to the whole file.
 """
 

@@ -12,8 +12,9 @@ of the migration, one module per concern, run in the order of ``RULES``; then
 ``apply.Apply`` swaps the planned nodes, so bytes outside edited lines stay as they were.
 
 Files above ``SEGMENT_ABOVE`` bytes first go through ``segments.reduce``: the top-level
-statements that mention none of the map's names are set aside, so libcst only parses
-what can matter; the result is the same as the whole-file pass.
+statements that mention none of the map's names are set aside, and so are those whose
+uses are all simple shapes (one copy of each distinct use is planned instead), so libcst
+only parses what can matter; the result is the same as the whole-file pass.
 """
 
 from __future__ import annotations
