@@ -44,7 +44,7 @@ _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 # ``NAME = "text"`` anywhere in a file is a constant to the engine: a patch target or a
 # ``sys.modules`` key built from NAME (in a call these words name) is read through it
-_CONSTANT = re.compile(rb"""(?m)(?:^|;)[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
+_CONSTANT = re.compile(rb"""(?m)(?:^|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
 _READS_CONSTANTS = re.compile(rb"patch|setattr|delattr|sys\.modules")
 
 

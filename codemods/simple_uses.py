@@ -12,8 +12,7 @@ libcst one copy of each distinct use and copies the outcome (rewrite and finding
 every place it occurs.
 
 Anything less plain makes the whole statement go through libcst: an import, ``global``
-or ``nonlocal``, a string constant assigned to a name (a patch target elsewhere may be
-built from it), a use evaluated at module level (the statement's own decorators,
+or ``nonlocal`` naming a watched word, a use evaluated at module level (the statement's own decorators,
 defaults, annotations or base classes), a string annotation, a use whose names are
 bound inside the statement, a use over several lines, an ``if`` on a version,
 ``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
@@ -67,19 +66,34 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
         return None
     if b"sys.modules" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
         return None
-    finder = _Finder(chunk, watched)
-    try:
-        finder.statement(top)
-    except _Refused:
+    # First only the parts that name a watched word are walked. A name bound anywhere
+    # in the statement is a word outside its uses; only if a use's name is such a word
+    # does the whole statement have to be walked to see whether it is really bound.
+    found = _walk(chunk, watched, top, prune=True)
+    if found is None:
         return None
-    if any(name in finder.bound for name in finder.use_names):
+    finder, masked = found
+    if finder.use_names:
+        names = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(finder.use_names)) + rb")\b")
+        if names.search(masked):
+            found = _walk(chunk, watched, top, prune=False)
+            if found is None or any(name in found[0].bound for name in found[0].use_names):
+                return None
+    return finder.uses, masked
+
+
+def _walk(chunk: bytes, watched: re.Pattern[bytes], top: ast.AST, prune: bool) -> tuple[_Finder, bytes] | None:
+    finder = _Finder(chunk, watched, prune)
+    try:
+        finder.visit(top, False, False, None)
+    except _Refused:
         return None
     masked = bytearray(chunk)
     for use in finder.uses:
         masked[use.start : use.end] = b" " * (use.end - use.start)
     if watched.search(masked):
         return None
-    return finder.uses, bytes(masked)
+    return finder, bytes(masked)
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -100,9 +114,10 @@ def _special_call(name: str) -> bool:
 
 
 class _Finder:
-    def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
+    def __init__(self, chunk: bytes, watched: re.Pattern[bytes], prune: bool) -> None:
         self.chunk = chunk
         self.watched = watched
+        self.prune = prune  # skip what names no watched word (its bindings go unseen)
         self.line_starts = [0] + [m.end() for m in _LINE_END.finditer(chunk)]
         self.uses: list[Use] = []
         self.bound: set[str] = set()  # every name bound anywhere in the statement
@@ -138,9 +153,6 @@ class _Finder:
                 raise _Refused
 
     # the walk ---------------------------------------------------------------------
-    def statement(self, top: ast.AST) -> None:
-        self.visit(top, False, False, None)
-
     def _arguments(self, args: ast.arguments, nested: bool) -> None:
         for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg):
             if arg is not None:
@@ -152,6 +164,8 @@ class _Finder:
                 self.visit(default, nested, False, None)
 
     def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+        if self.prune and hasattr(node, "end_col_offset") and not self._mentions(node):
+            return
         if isinstance(node, _REFUSED):
             raise _Refused
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -180,9 +194,6 @@ class _Finder:
             if node.value is not None:
                 self.visit(node.value, nested, in_annotation, node)
             return
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            raise _Refused  # a module path kept in a constant may feed a patch target elsewhere
         if isinstance(node, (ast.Name, ast.Attribute)):
             self._chain(node, nested, in_annotation)
             return

@@ -120,17 +120,18 @@ def imports_{i}():
     return _is_hip
 ''',
     '''
-def constant_{i}():
-    TARGET = "sglang.srt.managers.mm_utils._is_hip"
-    return mock.patch(TARGET)
-''',
-    '''
 def formatted_{i}():
     return f"{{mm_utils.get_embedding_chunk}}"
 ''',
     '''
 def doctest_{i}():
     """>>> mm_utils.get_embedding_chunk(1)"""
+''',
+    '''
+def shadowed_{i}():
+    for mock in range(2):
+        pass
+    return mock.patch("sglang.srt.managers.mm_utils._is_hip")
 ''',
     '''
 def annotated_{i}(value: mm_utils.PerImageRequestInfo):
@@ -144,6 +145,14 @@ def quoted_{i}():
 ''',
 ]
 
+# a patch target read through a constant: kept for libcst by ``segments`` (the engine
+# reads constants file-wide), whatever the statement's uses look like
+CONSTANT_READER = '''
+def constant_{i}():
+    TARGET = "sglang.srt.managers.mm_utils._is_hip"
+    return mock.patch(TARGET)
+'''
+
 PLAIN = '''
 def plain_{i}(a, b=2):
     return a + b
@@ -155,7 +164,7 @@ def _generated(seed: int, statements: int, stayed: bool) -> bytes:
     parts = [HEADER]
     for i in range(statements):
         roll = rng.random()
-        pool = SIMPLE if roll < 0.6 else REFUSED if roll < 0.8 else [PLAIN]
+        pool = SIMPLE if roll < 0.6 else [*REFUSED, CONSTANT_READER] if roll < 0.8 else [PLAIN]
         parts.append(rng.choice(pool).format(i=i))
         if stayed and i == statements // 2:
             parts.append(STAYED.format(i=i))
@@ -210,3 +219,12 @@ def test_uses_are_located_in_characters_on_their_line(move_map):
     line = SIMPLE[2].format(i=0).lstrip("\n").splitlines()[uses[0].line - 1]
     assert line[uses[0].column :].startswith("mmu._is_hip")  # after two non-ASCII characters
     assert b"mmu" not in masked and b"caf" in masked
+
+
+def test_a_statement_reading_a_constant_is_left_to_libcst(move_map):
+    source = (HEADER + SIMPLE[0].format(i=0) + CONSTANT_READER.format(i=1) + SIMPLE[0].format(i=2)).encode()
+    reduced = reduce(source, move_map)
+    assert reduced is not None
+    fast = [statement.start for _, _, statements in reduced.runs for statement in statements]
+    assert len(fast) == 2 and source.index(b"def constant_1") not in fast
+    assert b"def constant_1" in reduced.source
