@@ -22,6 +22,8 @@ word left over once the recognised uses are taken out (a keyword argument, a com
 from __future__ import annotations
 
 import ast
+import bisect
+import functools
 import re
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ _CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
+_NO_TEXT = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 
 
 @dataclass(frozen=True)
@@ -74,12 +77,16 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
         return None
     finder, masked = found
     if finder.use_names:
-        names = re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(finder.use_names)) + rb")\b")
-        if names.search(masked):
+        if _words(frozenset(finder.use_names)).search(masked):
             found = _walk(chunk, watched, top, prune=False)
             if found is None or any(name in found[0].bound for name in found[0].use_names):
                 return None
     return finder.uses, masked
+
+
+@functools.lru_cache(maxsize=256)
+def _words(names: frozenset[str]) -> re.Pattern[bytes]:
+    return re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
 
 
 def _walk(chunk: bytes, watched: re.Pattern[bytes], top: ast.AST, prune: bool) -> tuple[_Finder, bytes] | None:
@@ -119,6 +126,11 @@ class _Finder:
         self.watched = watched
         self.prune = prune  # skip what names no watched word (its bindings go unseen)
         self.line_starts = [0] + [m.end() for m in _LINE_END.finditer(chunk)]
+        # where the watched words are (whole words never straddle a node's edge)
+        self.hit_starts, self.hit_ends = [], []
+        for match in watched.finditer(chunk):
+            self.hit_starts.append(match.start())
+            self.hit_ends.append(match.end())
         self.uses: list[Use] = []
         self.bound: set[str] = set()  # every name bound anywhere in the statement
         self.use_names: set[str] = set()  # every name read inside a use
@@ -131,7 +143,8 @@ class _Finder:
         return self.chunk[self._offset(node.lineno, node.col_offset) : self._offset(node.end_lineno, node.end_col_offset)]
 
     def _mentions(self, node: ast.AST) -> bool:
-        return self.watched.search(self._text(node)) is not None
+        k = bisect.bisect_left(self.hit_starts, self._offset(node.lineno, node.col_offset))
+        return k < len(self.hit_starts) and self.hit_ends[k] <= self._offset(node.end_lineno, node.end_col_offset)
 
     def _use(self, node: ast.AST, kind: str, nested: bool, in_annotation: bool) -> None:
         if not nested or node.lineno != node.end_lineno:
@@ -221,8 +234,14 @@ class _Finder:
         elif isinstance(node, ast.MatchMapping):
             if node.rest:
                 self.bound.add(node.rest)
-        for child in ast.iter_child_nodes(node):
-            self.visit(child, nested, in_annotation, node)
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                for child in value:
+                    if isinstance(child, ast.AST) and not isinstance(child, _NO_TEXT):
+                        self.visit(child, nested, in_annotation, node)
+            elif isinstance(value, ast.AST) and not isinstance(value, _NO_TEXT):
+                self.visit(value, nested, in_annotation, node)
 
     def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:
         """A name, or attribute reads on one: a use when it names a watched word."""
