@@ -228,3 +228,46 @@ def test_a_statement_reading_a_constant_is_left_to_libcst(move_map):
     fast = [statement.start for _, _, statements in reduced.runs for statement in statements]
     assert len(fast) == 2 and source.index(b"def constant_1") not in fast
     assert b"def constant_1" in reduced.source
+
+
+@pytest.mark.realworld
+def test_simple_uses_on_real_code_with_a_busier_map():
+    """Real SGLang 0.5.17 code under a map that moves widely used helpers out of
+    ``sglang.srt.utils``: many top-level functions and classes take the simple-use path,
+    and every file still comes out exactly as the whole-file pass makes it."""
+    import importlib.util
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from mm_schedule.codemods.move_map import MoveMap
+
+    path = Path(__file__).with_name("realworld_check.py")
+    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
+    rw = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, rw)
+    spec.loader.exec_module(rw)
+    names = ["add_prefix", "is_cuda", "get_bool_env_var", "is_hip", "is_npu", "_is_cuda", "make_layers",
+             "set_weight_attrs", "is_cpu", "get_device_name"]
+    move_map = MoveMap.from_dict({
+        "header": {}, "old_module": "sglang.srt.utils", "new_module": "sglang.srt.utils_next",
+        "moved": {n: {"kind": "function", "private": n.startswith("_")} for n in names},
+        "reexported": names[:2], "import_origins": {}, "rebound_globals": [], "removed": [],
+        "unmapped_imports": {},
+    })
+    files = fast = 0
+    with zipfile.ZipFile(rw.sglang_wheel("0.5.17")) as wheel:
+        for name in sorted(wheel.namelist()):
+            source = wheel.read(name) if name.endswith(".py") else b""
+            reduced = reduce(source, move_map) if b"utils" in source else None
+            if reduced is None or not _fast_statements(reduced):
+                continue
+            package = name.rsplit("/", 1)[0].replace("/", ".")
+            whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
+            parts = migrate_source(source, move_map, path=name, package=package, segment_above=0)
+            assert parts == whole, name
+            files += 1
+            fast += _fast_statements(reduced)
+            if files == 50:
+                break
+    assert files == 50 and fast > 80
