@@ -42,9 +42,11 @@ _TRAILING_NEWLINE = re.compile(rb"(?:\r\n|\r|\n)\Z")
 _CONTINUES = re.compile(rb"(?:else|elif|except|finally)\b")
 _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+# a line starting ``def``/``class`` (``^`` alone misses lines after a lone CR)
+_DEF_LINE = re.compile(rb"(?:^|(?<=\r))(?:async\s+)?(?:def|class)\b", re.M)
 # ``NAME = "text"`` anywhere in a file is a constant to the engine: a patch target or a
 # ``sys.modules`` key built from NAME (in a call these words name) is read through it
-_CONSTANT = re.compile(rb"""(?m)(?:^|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
+_CONSTANT = re.compile(rb"""(?m)(?:^|(?<=\r)|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
 _READS_CONSTANTS = re.compile(rb"patch|setattr|delattr|sys\.modules")
 
 
@@ -117,7 +119,7 @@ def _decorator_only(source: bytes, lines, start: int, k: int) -> bool:
     """Whether the statement that began at line ``start`` (a decorator) has not reached its
     ``def``/``class`` before line ``k``: then line ``k`` still belongs to it."""
     text = source[lines[start][0] : lines[k][0]]
-    return re.search(rb"^(?:async\s+)?(?:def|class)\b", text, re.M) is None
+    return _DEF_LINE.search(text) is None
 
 
 def constant_readers(source: bytes, spans: list[tuple[int, int]]) -> set[int]:

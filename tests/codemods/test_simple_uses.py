@@ -159,7 +159,7 @@ def plain_{i}(a, b=2):
 '''
 
 
-def _generated(seed: int, statements: int, stayed: bool) -> bytes:
+def _generated(seed: int, statements: int, stayed: bool, newline: str = "\n", indent: str = "    ") -> bytes:
     rng = random.Random(seed)
     parts = [HEADER]
     for i in range(statements):
@@ -168,17 +168,22 @@ def _generated(seed: int, statements: int, stayed: bool) -> bytes:
         parts.append(rng.choice(pool).format(i=i))
         if stayed and i == statements // 2:
             parts.append(STAYED.format(i=i))
-    return "".join(parts).encode()
+    text = "".join(parts).replace("    ", indent)
+    return text.replace("\n", newline).encode()
 
 
 def _fast_statements(reduced) -> int:
     return sum(len(fast) for _, _, fast in reduced.runs)
 
 
-@pytest.mark.parametrize("stayed", [False, True])
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_simple_uses_give_what_the_whole_file_pass_gives(move_map, seed, stayed):
-    source = _generated(seed, 150, stayed)
+@pytest.mark.parametrize(("seed", "stayed", "newline", "indent"), [
+    (1, False, "\n", "    "), (2, False, "\n", "    "), (3, True, "\n", "    "), (4, True, "\n", "    "),
+    (5, False, "\r\n", "    "), (6, True, "\r", "\t"), (7, False, "\n", "\t"),
+])
+def test_simple_uses_give_what_the_whole_file_pass_gives(move_map, seed, stayed, newline, indent):
+    """Generated modules mixing simple statements, refused ones and plain ones, with CRLF,
+    lone-CR line ends and tab indentation as well."""
+    source = _generated(seed, 150, stayed, newline, indent)
     reduced = reduce(source, move_map)
     assert reduced is not None and _fast_statements(reduced) > 40, "the simple-use path was not taken"
     assert len(reduced.probes) < _fast_statements(reduced), "no use was shared: nothing was copied"

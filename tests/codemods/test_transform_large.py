@@ -199,7 +199,8 @@ def test_segmented_pass_equals_whole_file_pass_on_a_real_release():
     assert checked > 50
 
 
-def test_constants_in_left_out_statements_still_build_patch_targets(move_map):
+@pytest.mark.parametrize("newline", ["\n", "\r"])
+def test_constants_in_left_out_statements_still_build_patch_targets(move_map, newline):
     """A module path kept in a constant reaches a patch target or a ``sys.modules`` key
     in another statement; neither statement mentions the map's words on its own."""
     source = (HEADER + '''
@@ -218,7 +219,7 @@ def patch_target():
 
 def stub(module):
     sys.modules[PREFIX + "mm_utils"] = module
-''' + "".join(p.format(i=i) for i in range(40) for p in PLAIN)).encode()
+''' + "".join(p.format(i=i) for i in range(40) for p in PLAIN)).replace("\n", newline).encode()
     assert reduce(source, move_map) is not None
     whole = migrate_source(source, move_map, path="c.py", package="app", segment_above=WHOLE)
     parts = migrate_source(source, move_map, path="c.py", package="app", segment_above=0)
