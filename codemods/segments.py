@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import itertools
 import re
 import secrets
 from dataclasses import dataclass, field, replace
@@ -208,8 +209,11 @@ class Reduced:
     runs: list[tuple[int, int, list[FastStatement]]]  # what each marker line stands for
     shifts: list[tuple[int, int]]  # (reduced line of a marker, original lines it stands for)
     skipped_words: set[str]  # identifiers in the replaced statements
-    probes: list[tuple[str, bytes]] = field(default_factory=list)  # (kind, text) of each shape
-    blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe function
+    # (nested, kind, text) of each shape; a use in a nested scope reads the same bindings
+    # anywhere, one in the module's scope only those made before it, so the latter is a
+    # shape of its own in each run (no kept statement, so no binding, between its uses)
+    probes: list[tuple[bool, str, bytes]] = field(default_factory=list)
+    blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
     probe_lines: dict[int, int] = field(default_factory=dict)  # reduced line -> shape
     probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe ``def`` lines
 
@@ -226,7 +230,7 @@ class Reduced:
         for finding in findings:
             shape = self.probe_lines.get(finding.line)
             if shape is not None:
-                start = len(_entry_prefix(self.probes[shape][0], self.token)) + 1
+                start = len(_entry_prefix(*self.probes[shape][:2], self.token)) + 1
                 if finding.column < start:
                     return None
                 per_shape.setdefault(shape, []).append((finding.column - start, finding))
@@ -249,7 +253,7 @@ class Reduced:
         """``new_source`` without the probe functions, and each shape's rewritten text."""
         if not self.blocks:
             return new_source, []
-        head = re.compile(f"def _mm_codemod_probe_{self.token}_([0-9]+)\\(\\):(?:\r\n|\r|\n)".encode())
+        head = re.compile(f"(?:def )?_mm_codemod_probe_{self.token}_([0-9]+)(?:\\(\\):)?(?:\r\n|\r|\n)".encode())
         rewritten: list[bytes | None] = [None] * len(self.probes)
         pieces, pos, seen = [], 0, []
         for match in head.finditer(new_source):
@@ -257,12 +261,12 @@ class Reduced:
             pos = match.end()
             seen.append(int(match.group(1)))
             for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
-                kind, text = self.probes[shape]
+                nested, kind, text = self.probes[shape]
                 end = _LINE_END.search(new_source, pos)
                 if end is None:
                     return None
                 line = new_source[pos : end.start()]
-                prefix = _entry_prefix(kind, self.token)
+                prefix = _entry_prefix(nested, kind, self.token)
                 if not line.startswith(prefix):
                     return None
                 if kind == "arg":
@@ -320,10 +324,12 @@ class Reduced:
             self._extra.append(total)
 
 
-def _entry_prefix(kind: str, token: str) -> bytes:
-    """How a probe line starts: an expression is passed to a sink call (so a string is
-    not taken for a docstring), a statement string stands alone."""
-    return f"    _mm_codemod_sink_{token}(".encode() if kind == "arg" else b"    "
+def _entry_prefix(nested: bool, kind: str, token: str) -> bytes:
+    """How a probe line starts: indented in a probe function for a nested use, at the
+    module's level otherwise; an expression is passed to a sink call (so a string is not
+    taken for a docstring), a statement string stands alone."""
+    indent = b"    " if nested else b""
+    return indent + f"_mm_codemod_sink_{token}(".encode() if kind == "arg" else indent
 
 
 _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
@@ -352,13 +358,13 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
     simple_uses = simple_uses and _utf8(source)
     readers = constant_readers(source, spans)
     skipped: set[bytes] = set()
-    shapes: dict[tuple[str, bytes], int] = {}
+    shapes: dict[tuple[int, str, bytes], int] = {}
     runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
     line, pos = 1, 0
     for k, (start, end) in enumerate(spans):
         line += _count_lines(source, pos, start)
         pos = start
-        fast = None
+        uses = None
         if k in readers:
             runs.append([-1, -1, []])
             continue
@@ -368,19 +374,20 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
                 runs.append([-1, -1, []])
                 continue
             uses, masked = found
-            fast = FastStatement(start, line, uses, [shapes.setdefault((u.kind, u.text), len(shapes)) for u in uses])
             skipped.update(_WORD.findall(masked))
         else:
             skipped.update(_WORD.findall(source, start, end))
         if not runs or runs[-1][0] < 0:
             runs.append([start, end, []])
         runs[-1][1] = end
-        if fast is not None:
-            runs[-1][2].append(fast)
-    return _build(source, runs, list(shapes), skipped)
+        if uses is not None:
+            run = len(runs) - 1
+            keys = [shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)) for u in uses]
+            runs[-1][2].append(FastStatement(start, line, uses, keys))
+    return _build(source, runs, [(scope < 0, kind, text) for scope, kind, text in shapes], skipped)
 
 
-def _build(source: bytes, runs: list[list], probes: list[tuple[str, bytes]], skipped: set[bytes]) -> Reduced | None:
+def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]], skipped: set[bytes]) -> Reduced | None:
     token = secrets.token_hex(6)
     kept: list[tuple[int, int, list[FastStatement]]] = []
     pieces: list[bytes] = []
@@ -402,18 +409,23 @@ def _build(source: bytes, runs: list[list], probes: list[tuple[str, bytes]], ski
         # shapes are numbered in order of first use, so the ones new here follow on
         last = max((k for statement in fast for k in statement.shapes), default=-1)
         new_shapes = list(range(next_shape, last + 1))
-        block = 0
-        if new_shapes:
-            pieces.append(f"def _mm_codemod_probe_{token}_{len(blocks)}():".encode() + newline.group())
-            blocks.append(new_shapes)
-            probe_heads.add(line)
-            for offset, shape in enumerate(new_shapes, 1):
-                kind, text = probes[shape]
-                pieces.append(_entry_prefix(kind, token) + text + (b")" if kind == "arg" else b"") + newline.group())
-                probe_lines[line + offset] = shape
-            block = 1 + len(new_shapes)
-            line += block
-            next_shape = last + 1
+        block = 0  # lines the probe blocks take
+        # consecutive shapes of one scope share a block (a function for nested uses, the
+        # module's level for the others), so the engine meets them in the file's order
+        for nested, group in itertools.groupby(new_shapes, key=lambda shape: probes[shape][0]):
+            group = list(group)
+            head = f"_mm_codemod_probe_{token}_{len(blocks)}"
+            pieces.append((f"def {head}():" if nested else head).encode() + newline.group())
+            blocks.append(group)
+            probe_heads.add(line + block)
+            for offset, shape in enumerate(group, 1):
+                _, kind, text = probes[shape]
+                pieces.append(_entry_prefix(nested, kind, token) + text + (b")" if kind == "arg" else b"")
+                              + newline.group())
+                probe_lines[line + block + offset] = shape
+            block += 1 + len(group)
+        line += block
+        next_shape = max(next_shape, last + 1)
         pieces.append(f"_mm_codemod_kept_{token}_{len(kept)}".encode() + newline.group())
         kept.append((start, end, fast))
         shifts.append((line, _count_lines(chunk) - block))

@@ -1,20 +1,20 @@
-"""Top-level functions and classes whose uses of the map's names are simple shapes.
+"""Top-level statements whose uses of the map's names are simple shapes.
 
 A large module where nearly every function uses the old module would make libcst parse
-and analyse all of it. But inside a function or class body that binds none of the names
-involved, a use such as ``mm_utils.get_embedding_chunk``, a moved name imported at
-module level, a patch target string or a ``mock.patch("...")`` call means the same
-thing wherever it appears: it resolves to the module-level bindings (scope analysis
-does not order accesses in a nested scope against module-level assignments) and
-nothing around it changes what the engine does with it. ``statement_uses`` finds such
-uses with CPython's ``ast`` (no libcst) and says where they are; ``segments`` then hands
-libcst one copy of each distinct use and copies the outcome (rewrite and findings) to
-every place it occurs.
+and analyse all of it. But a use such as ``mm_utils.get_embedding_chunk``, a moved name
+imported at module level, a patch target string or a ``mock.patch("...")`` call, in a
+statement that binds none of the names involved, means the same thing wherever it
+appears: it resolves to the module-level bindings and nothing around it changes what
+the engine does with it. Inside a function or class body that holds for the whole file
+(scope analysis does not order such accesses against module-level assignments); in the
+module's own scope it holds between two statements that libcst sees, since only those
+can bind the names involved. ``statement_uses`` finds such uses with CPython's ``ast``
+(no libcst) and says where they are; ``segments`` then hands libcst one copy of each
+distinct use and copies the outcome (rewrite and findings) to every place it occurs.
 
 Anything less plain makes the whole statement go through libcst: an import, ``global``
-or ``nonlocal`` naming a watched word, a use evaluated at module level (the statement's own decorators,
-defaults, annotations or base classes), a string annotation, a use whose names are
-bound inside the statement, a use over several lines, an ``if`` on a version,
+or ``nonlocal`` naming a watched word, a string annotation, a use whose names are bound
+inside the statement, a use over several lines, ``__all__``, an ``if`` on a version,
 ``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
 word left over once the recognised uses are taken out (a keyword argument, a comment).
 """
@@ -45,6 +45,7 @@ class Use:
 
     kind: str
     text: bytes
+    nested: bool  # inside a function or class body (else evaluated in the module's scope)
     start: int  # byte offsets in the statement
     end: int
     line: int  # 1-based, within the statement
@@ -65,9 +66,9 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
     if len(tree.body) != 1:
         return None
     top = tree.body[0]
-    if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or watched.fullmatch(top.name.encode()):
+    if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and watched.fullmatch(top.name.encode()):
         return None
-    if b"sys.modules" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
+    if b"sys.modules" in chunk or b"__all__" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
         return None
     # First only the parts that name a watched word are walked. A name bound anywhere
     # in the statement is a word outside its uses; only if a use's name is such a word
@@ -147,7 +148,7 @@ class _Finder:
         return k < len(self.hit_starts) and self.hit_ends[k] <= self._offset(node.end_lineno, node.end_col_offset)
 
     def _use(self, node: ast.AST, kind: str, nested: bool, in_annotation: bool) -> None:
-        if not nested or node.lineno != node.end_lineno:
+        if node.lineno != node.end_lineno:
             raise _Refused
         if in_annotation and not isinstance(node, (ast.Name, ast.Attribute)):
             raise _Refused  # a string annotation is reported by the engine as such
@@ -155,7 +156,7 @@ class _Finder:
         end = self._offset(node.end_lineno, node.end_col_offset)
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
-        self.uses.append(Use(kind, self.chunk[start:end], start, end, node.lineno, column))
+        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
         if isinstance(node, (ast.Name, ast.Attribute)):
             self.use_names.add(dotted(node).split(".", 1)[0])
             return

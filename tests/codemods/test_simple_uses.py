@@ -66,6 +66,19 @@ def nested_{i}():
     return inner, lambda: mm_utils.old_helper
 ''',
     '''
+@mock.patch("sglang.srt.managers.mm_utils._is_hip")
+def decorated_{i}(patched, value: mm_utils.PerImageRequestInfo = mmu._is_hip) -> mmu.PerImageRequestInfo:
+    return patched, value
+''',
+    '''
+chunk_{i} = mm_utils.get_embedding_chunk, get_embedding_chunk
+mock.patch("sglang.srt.managers.mm_utils._get_multimodal_mask").start()
+''',
+    '''
+class Base{i}(mmu.PerImageRequestInfo, metaclass=mm_utils.old_helper):
+    pass
+''',
+    '''
 class Body{i}:
     value: mm_utils.PerImageRequestInfo = mm_utils._is_hip
 
@@ -90,11 +103,6 @@ REFUSED = [
     '''
 def local_{i}(mm_utils=None):
     return mm_utils.get_embedding_chunk
-''',
-    '''
-@mock.patch("sglang.srt.managers.mm_utils._is_hip")
-def decorated_{i}(patched):
-    return patched
 ''',
     '''
 def rebinds_{i}():
@@ -134,8 +142,7 @@ def shadowed_{i}():
     return mock.patch("sglang.srt.managers.mm_utils._is_hip")
 ''',
     '''
-def annotated_{i}(value: mm_utils.PerImageRequestInfo):
-    return value
+__all__ = ["get_embedding_chunk"]
 ''',
     '''
 def quoted_{i}():
@@ -276,3 +283,19 @@ def test_simple_uses_on_real_code_with_a_busier_map():
             if files == 50:
                 break
     assert files == 50 and fast > 80
+
+
+def test_module_level_uses_are_planned_between_the_statements_libcst_sees(move_map):
+    """A use in the module's own scope reads only the bindings made before it: a rebinding
+    between two such uses (a statement libcst sees) makes them two shapes."""
+    body = "".join(f"value_{i} = mm_utils.get_embedding_chunk\n" for i in range(20))
+    source = (HEADER + body + "mm_utils = mmu\n" + body.replace("value_", "later_")
+              + "".join(SIMPLE[0].format(i=i) for i in range(10))).encode()
+    reduced = reduce(source, move_map)
+    assert reduced is not None and _fast_statements(reduced) == 50
+    assert sum(1 for nested, _, _ in reduced.probes if not nested) == 2
+    whole = migrate_source(source, move_map, path="top.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="top.py", package="app", segment_above=0)
+    assert whole.findings
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
