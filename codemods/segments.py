@@ -200,7 +200,7 @@ class FastStatement:
 class Reduced:
     """A module with the statements nobody cares about replaced by marker lines, and the
     statements whose uses are all simple shapes replaced as well: one copy of each
-    distinct shape goes into a probe function placed before the marker of the first
+    distinct shape goes into a probe block placed before the marker of the first
     statement using it, so the engine meets it in the order the whole file would."""
 
     source: bytes
@@ -215,7 +215,7 @@ class Reduced:
     probes: list[tuple[bool, str, bytes]] = field(default_factory=list)
     blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
     probe_lines: dict[int, int] = field(default_factory=dict)  # reduced line -> shape
-    probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe ``def`` lines
+    probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe block headers
 
     def finish(self, new_source: bytes, findings: list[Finding]) -> tuple[bytes, list[Finding]] | None:
         """The whole file's new bytes and findings from the engine's run on the reduced
@@ -250,7 +250,7 @@ class Reduced:
         return None if restored is None else (restored, out)
 
     def _read_probes(self, new_source: bytes) -> tuple[bytes, list[bytes]] | None:
-        """``new_source`` without the probe functions, and each shape's rewritten text."""
+        """``new_source`` without the probe blocks, and each shape's rewritten text."""
         if not self.blocks:
             return new_source, []
         head = re.compile(f"(?:def )?_mm_codemod_probe_{self.token}_([0-9]+)(?:\\(\\):)?(?:\r\n|\r|\n)".encode())
@@ -283,7 +283,7 @@ class Reduced:
             return None
         return b"".join(pieces), rewritten
 
-    def restore(self, new_source: bytes, rewritten: list[bytes] = ()) -> bytes | None:
+    def restore(self, new_source: bytes, rewritten: list[bytes]) -> bytes | None:
         """``new_source`` with every marker swapped back (simple uses rewritten as their
         probes were); None if a marker is not there exactly once."""
         seen: list[int] = []

@@ -33,7 +33,6 @@ _CALL_EXACT = frozenset({"setattr", "delattr", "getattr", "hasattr"})
 _CALL_LAST = frozenset({"import_module", "__import__", "patch", "setattr", "delattr"})
 _CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
 _NO_TEXT = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 
@@ -104,7 +103,7 @@ def _walk(chunk: bytes, watched: re.Pattern[bytes], top: ast.AST, prune: bool) -
     return finder, bytes(masked)
 
 
-def dotted(node: ast.AST) -> str | None:
+def _dotted(node: ast.AST) -> str | None:
     """``a.b.c`` for a chain of names and attribute reads, else None."""
     parts = []
     while isinstance(node, ast.Attribute):
@@ -118,7 +117,7 @@ def dotted(node: ast.AST) -> str | None:
 
 def _special_call(name: str) -> bool:
     last = name.rsplit(".", 1)[-1]
-    return name in _CALL_EXACT or last in _CALL_LAST or name.endswith(_CALL_ENDS) or name.startswith("__all__")
+    return name in _CALL_EXACT or last in _CALL_LAST or name.endswith(_CALL_ENDS)
 
 
 class _Finder:
@@ -158,7 +157,7 @@ class _Finder:
         column = len(self.chunk[line_start:start].decode("utf-8"))
         self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
         if isinstance(node, (ast.Name, ast.Attribute)):
-            self.use_names.add(dotted(node).split(".", 1)[0])
+            self.use_names.add(_dotted(node).split(".", 1)[0])
             return
         for inner in ast.walk(node):
             if isinstance(inner, ast.Name):
@@ -212,7 +211,7 @@ class _Finder:
             self._chain(node, nested, in_annotation)
             return
         if isinstance(node, ast.Call):
-            name = dotted(node.func)
+            name = _dotted(node.func)
             if name is not None and _special_call(name) and self._mentions(node):
                 self._call(node, name)
                 self._use(node, "arg", nested, in_annotation)
@@ -246,7 +245,7 @@ class _Finder:
 
     def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:
         """A name, or attribute reads on one: a use when it names a watched word."""
-        if dotted(node) is None:
+        if _dotted(node) is None:
             # attribute of something that is not a plain name: its value is walked, and
             # a watched attribute name here is left for the final check to refuse
             self.visit(node.value, nested, in_annotation, node)
@@ -265,10 +264,10 @@ class _Finder:
         target that is not a bare name (the engine would look that name up as a
         constant anywhere in the file)."""
         for arg in node.args:
-            if not isinstance(arg, ast.Constant) and dotted(arg) is None:
+            if not isinstance(arg, ast.Constant) and _dotted(arg) is None:
                 raise _Refused
         for keyword in node.keywords:
-            if keyword.arg is None or (not isinstance(keyword.value, ast.Constant) and dotted(keyword.value) is None):
+            if keyword.arg is None or (not isinstance(keyword.value, ast.Constant) and _dotted(keyword.value) is None):
                 raise _Refused
         if name.rsplit(".", 1)[-1] == "patch" and name not in _CALL_EXACT:
             target = next((k.value for k in node.keywords if k.arg == "target"), node.args[0] if node.args else None)
