@@ -6,8 +6,9 @@ gigabytes. A light scanner (strings, comments, brackets and line continuations o
 parse) finds where each top-level statement starts and ends. A statement that contains
 none of the words the map cares about is replaced by one marker line; one whose uses of
 those words are all simple shapes (``simple_uses``) is replaced as well, and one copy of
-each distinct use goes into a probe function placed before the marker of the first
-statement using it. The reduced module goes through the engine unchanged; the markers
+each distinct use goes into a probe block (a function for uses in nested scopes, plain
+module-level lines for the others) placed before the marker of the first statement
+using it. The reduced module goes through the engine unchanged; the markers
 are swapped back for the original bytes, with every simple use rewritten the way the
 engine rewrote its probe copy, and the probe's findings are repeated at every use.
 
