@@ -215,7 +215,8 @@ class Reduced:
     # shape of its own in each run (no kept statement, so no binding, between its uses)
     probes: list[tuple[bool, str, bytes]] = field(default_factory=list)
     blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
-    probe_lines: dict[int, int] = field(default_factory=dict)  # reduced line -> shape
+    # reduced line -> (shape, which of the shape's lines)
+    probe_lines: dict[int, tuple[int, int]] = field(default_factory=dict)
     probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe block headers
 
     def finish(self, new_source: bytes, findings: list[Finding]) -> tuple[bytes, list[Finding]] | None:
@@ -226,15 +227,17 @@ class Reduced:
         if read is None:
             return None
         stripped, rewritten = read
-        per_shape: dict[int, list[tuple[int, Finding]]] = {}
         out: list[Finding] = []
+        per_shape: dict[int, list[tuple[int, int, Finding]]] = {}
         for finding in findings:
-            shape = self.probe_lines.get(finding.line)
-            if shape is not None:
-                start = len(_entry_prefix(*self.probes[shape][:2], self.token)) + 1
+            place = self.probe_lines.get(finding.line)
+            if place is not None:
+                shape, below = place
+                # the first line is shifted by the probe's prefix, the others are as written
+                start = len(_entry_prefix(*self.probes[shape][:2], self.token)) + 1 if below == 0 else 1
                 if finding.column < start:
                     return None
-                per_shape.setdefault(shape, []).append((finding.column - start, finding))
+                per_shape.setdefault(shape, []).append((below, finding.column - start, finding))
             elif finding.line in self.probe_heads:
                 return None
             else:
@@ -243,9 +246,9 @@ class Reduced:
             for _start, _end, fast in self.runs:
                 for statement in fast:
                     for use, shape in zip(statement.uses, statement.shapes):
-                        for offset, finding in per_shape.get(shape, ()):
-                            out.append(replace(finding, line=statement.line + use.line - 1,
-                                               column=use.column + 1 + offset))
+                        for below, offset, finding in per_shape.get(shape, ()):
+                            column = use.column + 1 + offset if below == 0 else 1 + offset
+                            out.append(replace(finding, line=statement.line + use.line - 1 + below, column=column))
             out.sort(key=lambda f: (f.line, f.column, f.code))
         restored = self.restore(stripped, rewritten)
         return None if restored is None else (restored, out)
@@ -263,18 +266,20 @@ class Reduced:
             seen.append(int(match.group(1)))
             for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
                 nested, kind, text = self.probes[shape]
-                end = _LINE_END.search(new_source, pos)
-                if end is None:
+                lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
+                ends = list(itertools.islice(_LINE_END.finditer(new_source, pos), lines))
+                if len(ends) < lines:
                     return None
-                line = new_source[pos : end.start()]
+                end = ends[-1]
+                entry = new_source[pos : end.start()]
                 prefix = _entry_prefix(nested, kind, self.token)
-                if not line.startswith(prefix):
+                if not entry.startswith(prefix):
                     return None
                 if kind == "arg":
-                    if not line.endswith(b")"):
+                    if not entry.endswith(b")"):
                         return None
-                    rewritten[shape] = line[len(prefix) : -1]
-                elif line[len(prefix) :] == text:
+                    rewritten[shape] = entry[len(prefix) : -1]
+                elif entry[len(prefix) :] == text:
                     rewritten[shape] = text
                 else:
                     return None
@@ -419,12 +424,14 @@ def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]
             pieces.append((f"def {head}():" if nested else head).encode() + newline.group())
             blocks.append(group)
             probe_heads.add(line + block)
-            for offset, shape in enumerate(group, 1):
+            block += 1
+            for shape in group:
                 _, kind, text = probes[shape]
                 pieces.append(_entry_prefix(nested, kind, token) + text + (b")" if kind == "arg" else b"")
                               + newline.group())
-                probe_lines[line + block + offset] = shape
-            block += 1 + len(group)
+                for below in range(_count_lines(text) + 1):
+                    probe_lines[line + block] = (shape, below)
+                    block += 1
         line += block
         next_shape = max(next_shape, last + 1)
         pieces.append(f"_mm_codemod_kept_{token}_{len(kept)}".encode() + newline.group())

@@ -14,7 +14,7 @@ distinct use and copies the outcome (rewrite and findings) to every place it occ
 
 Anything less plain makes the whole statement go through libcst: an import, ``global``
 or ``nonlocal`` naming a watched word, a string annotation, a use whose names are bound
-inside the statement, a use over several lines, ``__all__``, an ``if`` on a version,
+inside the statement, ``__all__``, an ``if`` on a version,
 ``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
 word left over once the recognised uses are taken out (a keyword argument, a comment).
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import bisect
 import functools
+import keyword
 import re
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ _CALL_LAST = frozenset({"import_module", "__import__", "patch", "setattr", "dela
 _CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
+_NEXT_TOKEN = re.compile(rb"[ \t\f\r\n]*(.)", re.S)
+_WORD_BEFORE = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\Z")
 _NO_TEXT = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 
 
@@ -147,12 +150,12 @@ class _Finder:
         return k < len(self.hit_starts) and self.hit_ends[k] <= self._offset(node.end_lineno, node.end_col_offset)
 
     def _use(self, node: ast.AST, kind: str, nested: bool, in_annotation: bool) -> None:
-        if node.lineno != node.end_lineno:
-            raise _Refused
         if in_annotation and not isinstance(node, (ast.Name, ast.Attribute)):
             raise _Refused  # a string annotation is reported by the engine as such
         start = self._offset(node.lineno, node.col_offset)
         end = self._offset(node.end_lineno, node.end_col_offset)
+        if self._wrapped(start, end):
+            raise _Refused
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
         self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
@@ -164,6 +167,34 @@ class _Finder:
                 self.use_names.add(inner.id)
             elif isinstance(inner, (ast.Lambda, ast.NamedExpr, ast.comprehension, ast.Starred)):
                 raise _Refused
+
+    def _wrapped(self, start: int, end: int) -> bool:
+        """Whether the use at bytes ``start:end`` may sit in parentheses of its own:
+        libcst counts those as part of the node, so its findings would start there (a
+        comment on the way leaves it undecided, which counts as yes)."""
+        chunk = self.chunk
+        after = _NEXT_TOKEN.match(chunk, end)
+        if after is None or after.group(1) not in (b")", b"#"):
+            return False
+        i = start - 1
+        while i >= 0 and chunk[i] in b" \t\f\r\n":
+            if chunk[i] in b"\r\n" and b"#" in chunk[self.line_starts[bisect.bisect_right(self.line_starts, i - 1) - 1] : i]:
+                return True
+            i -= 1
+        if i < 0 or chunk[i] != ord("("):
+            return False
+        i -= 1
+        while i >= 0 and chunk[i] in b" \t\f\r\n":
+            i -= 1
+        if i < 0:
+            return True
+        if chunk[i] in b")]":
+            return False  # the parenthesis of a call
+        word = _WORD_BEFORE.search(chunk, 0, i + 1)
+        if word is None:
+            return True
+        name = word.group().decode()
+        return keyword.iskeyword(name) or keyword.issoftkeyword(name)
 
     # the walk ---------------------------------------------------------------------
     def _arguments(self, args: ast.arguments, nested: bool) -> None:
@@ -266,8 +297,8 @@ class _Finder:
         for arg in node.args:
             if not isinstance(arg, ast.Constant) and _dotted(arg) is None:
                 raise _Refused
-        for keyword in node.keywords:
-            if keyword.arg is None or (not isinstance(keyword.value, ast.Constant) and _dotted(keyword.value) is None):
+        for kw in node.keywords:
+            if kw.arg is None or (not isinstance(kw.value, ast.Constant) and _dotted(kw.value) is None):
                 raise _Refused
         if name.rsplit(".", 1)[-1] == "patch" and name not in _CALL_EXACT:
             target = next((k.value for k in node.keywords if k.arg == "target"), node.args[0] if node.args else None)

@@ -50,7 +50,7 @@ class Holder{i}:
     '''
 def dynamic_{i}(flag):
     getattr(mm_utils, "get_embedding_chunk")
-    setattr(mm_utils, "_is_hip", flag)
+    setattr(mm_utils, "_is_hip", True)
     return mock.patch.object(mm_utils, "get_embedding_and_mask")
 ''',
     '''
@@ -86,6 +86,18 @@ class Body{i}:
         return other
 ''',
     '''
+def wrapped_{i}(x):
+    with mock.patch(
+        "sglang.srt.managers.mm_utils._get_multimodal_mask",
+        side_effect=None,
+    ):
+        return x(
+            mm_utils.get_embedding_chunk,
+            "sglang.srt.managers."
+            "mm_utils.get_embedding_chunk",
+        )
+''',
+    '''
 async def multiple_{i}():
     mock.patch.multiple(mm_utils, get_embedding_chunk=None)
     return importlib.import_module("sglang.srt.managers.mm_utils")
@@ -117,6 +129,15 @@ def stores_{i}():
 def split_{i}():
     return (mm_utils
             .get_embedding_chunk)
+''',
+    '''
+def parenthesised_{i}(f):
+    return f((mm_utils.get_embedding_chunk), [(embedding_cache)])
+''',
+    '''
+def commented_{i}(f):
+    return f(  # the old module
+        mm_utils.get_embedding_chunk)
 ''',
     '''
 def keyword_{i}():
@@ -299,3 +320,9 @@ def test_module_level_uses_are_planned_between_the_statements_libcst_sees(move_m
     assert whole.findings
     assert parts.new_source == whole.new_source
     assert parts.findings == whole.findings
+
+
+@pytest.mark.parametrize("template", SIMPLE)
+def test_plain_statements_take_the_simple_use_path(move_map, template):
+    found = _uses(move_map, template.format(i=0))
+    assert found is not None and found[0]
