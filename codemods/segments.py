@@ -48,7 +48,9 @@ _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 _DEF_LINE = re.compile(rb"(?:^|(?<=\r))(?:async\s+)?(?:def|class)\b", re.M)
 # ``NAME = "text"`` anywhere in a file is a constant to the engine: a patch target or a
 # ``sys.modules`` key built from NAME (in a call these words name) is read through it
-_CONSTANT = re.compile(rb"""(?m)(?:^|(?<=\r)|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*\(?\s*[rRuU]?['"]""")
+_CONSTANT = re.compile(
+    rb"""(?m)(?:^|(?<=\r)|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:\\(?:\r\n|\r|\n)[ \t]*)?(?:\(\s*)*[rRuU]?['"]"""
+)
 _READS_CONSTANTS = re.compile(rb"patch|setattr|delattr|sys\.modules")
 
 

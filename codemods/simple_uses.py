@@ -3,27 +3,28 @@
 A large module where nearly every function uses the old module would make libcst parse
 and analyse all of it. But a use such as ``mm_utils.get_embedding_chunk``, a moved name
 imported at module level, a patch target string or a ``mock.patch("...")`` call, in a
-statement that binds none of the names involved, means the same thing wherever it
-appears: it resolves to the module-level bindings and nothing around it changes what
-the engine does with it. Inside a function or class body that holds for the whole file
-(scope analysis does not order such accesses against module-level assignments); in the
-module's own scope it holds between two statements that libcst sees, since only those
-can bind the names involved. ``statement_uses`` finds such uses with CPython's ``ast``
-(no libcst) and says where they are; ``segments`` then hands libcst one copy of each
-distinct use and copies the outcome (rewrite and findings) to every place it occurs.
+statement where the map's words occur nowhere else (so none of them is bound there),
+means the same thing wherever it appears: it resolves to the module-level bindings and
+nothing around it changes what the engine does with it. Inside a function or class
+body that holds for the whole file (scope analysis does not order such accesses against
+module-level assignments); in the module's own scope it holds between two statements
+that libcst sees, since only those can bind the names involved. ``statement_uses``
+finds such uses with CPython's ``ast`` (no libcst) and says where they are; ``segments``
+then hands libcst one copy of each distinct use and copies the outcome (rewrite and
+findings) to every place it occurs.
 
-Anything less plain makes the whole statement go through libcst: an import, ``global``
-or ``nonlocal`` naming a watched word, a string annotation, a use whose names are bound
-inside the statement, ``__all__``, an ``if`` on a version,
-``sys.modules``, an f-string or bytes naming the map's words, a doctest, or any watched
-word left over once the recognised uses are taken out (a keyword argument, a comment).
+Anything less plain makes the whole statement go through libcst: an import naming a
+watched word, a watched word bound or assigned to, a string annotation, a use in
+parentheses of its own (libcst's findings would start at the parenthesis), a walrus in
+a use, ``__all__``, an ``if`` on a version, ``sys.modules``, an f-string or bytes naming
+the map's words, a doctest, or any watched word left over once the recognised uses are
+taken out (a keyword argument, a comment).
 """
 
 from __future__ import annotations
 
 import ast
 import bisect
-import functools
 import keyword
 import re
 from dataclasses import dataclass
@@ -67,43 +68,23 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
         return None
     if len(tree.body) != 1:
         return None
-    top = tree.body[0]
-    if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and watched.fullmatch(top.name.encode()):
-        return None
     if b"sys.modules" in chunk or b"__all__" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
         return None
-    # First only the parts that name a watched word are walked. A name bound anywhere
-    # in the statement is a word outside its uses; only if a use's name is such a word
-    # does the whole statement have to be walked to see whether it is really bound.
-    found = _walk(chunk, watched, top, prune=True)
-    if found is None:
-        return None
-    finder, masked = found
-    if finder.use_names:
-        if _words(frozenset(finder.use_names)).search(masked):
-            found = _walk(chunk, watched, top, prune=False)
-            if found is None or any(name in found[0].bound for name in found[0].use_names):
-                return None
-    return finder.uses, masked
-
-
-@functools.lru_cache(maxsize=256)
-def _words(names: frozenset[str]) -> re.Pattern[bytes]:
-    return re.compile(rb"\b(?:" + b"|".join(re.escape(n.encode()) for n in sorted(names)) + rb")\b")
-
-
-def _walk(chunk: bytes, watched: re.Pattern[bytes], top: ast.AST, prune: bool) -> tuple[_Finder, bytes] | None:
-    finder = _Finder(chunk, watched, prune)
+    finder = _Finder(chunk, watched)
     try:
-        finder.visit(top, False, False, None)
+        finder.visit(tree.body[0], False, False, None)
     except _Refused:
         return None
+    # A watched word outside the uses (a binding of one, a keyword argument, a comment)
+    # sends the statement to libcst. Only watched names can reach the map's modules (an
+    # import that may bind one is watched), so no other binding in the statement changes
+    # what a use means: a probe where such a name is unbound gives the same result.
     masked = bytearray(chunk)
     for use in finder.uses:
         masked[use.start : use.end] = b" " * (use.end - use.start)
     if watched.search(masked):
         return None
-    return finder, bytes(masked)
+    return finder.uses, bytes(masked)
 
 
 def _dotted(node: ast.AST) -> str | None:
@@ -124,10 +105,11 @@ def _special_call(name: str) -> bool:
 
 
 class _Finder:
-    def __init__(self, chunk: bytes, watched: re.Pattern[bytes], prune: bool) -> None:
+    """Walks only the parts of a statement that name a watched word."""
+
+    def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
         self.chunk = chunk
         self.watched = watched
-        self.prune = prune  # skip what names no watched word (its bindings go unseen)
         self.line_starts = [0] + [m.end() for m in _LINE_END.finditer(chunk)]
         # where the watched words are (whole words never straddle a node's edge)
         self.hit_starts, self.hit_ends = [], []
@@ -135,8 +117,6 @@ class _Finder:
             self.hit_starts.append(match.start())
             self.hit_ends.append(match.end())
         self.uses: list[Use] = []
-        self.bound: set[str] = set()  # every name bound anywhere in the statement
-        self.use_names: set[str] = set()  # every name read inside a use
 
     # positions ------------------------------------------------------------------
     def _offset(self, line: int, column: int) -> int:
@@ -159,14 +139,8 @@ class _Finder:
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
         self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
-        if isinstance(node, (ast.Name, ast.Attribute)):
-            self.use_names.add(_dotted(node).split(".", 1)[0])
-            return
-        for inner in ast.walk(node):
-            if isinstance(inner, ast.Name):
-                self.use_names.add(inner.id)
-            elif isinstance(inner, (ast.Lambda, ast.NamedExpr, ast.comprehension, ast.Starred)):
-                raise _Refused
+        if not isinstance(node, (ast.Name, ast.Attribute)) and any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+            raise _Refused  # it would bind a name in the statement's scope
 
     def _wrapped(self, start: int, end: int) -> bool:
         """Whether the use at bytes ``start:end`` may sit in parentheses of its own:
@@ -199,21 +173,18 @@ class _Finder:
     # the walk ---------------------------------------------------------------------
     def _arguments(self, args: ast.arguments, nested: bool) -> None:
         for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg):
-            if arg is not None:
-                self.bound.add(arg.arg)
-                if arg.annotation is not None:
-                    self.visit(arg.annotation, nested, True, None)
+            if arg is not None and arg.annotation is not None:
+                self.visit(arg.annotation, nested, True, None)
         for default in (*args.defaults, *args.kw_defaults):
             if default is not None:
                 self.visit(default, nested, False, None)
 
     def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
-        if self.prune and hasattr(node, "end_col_offset") and not self._mentions(node):
+        if hasattr(node, "end_col_offset") and not self._mentions(node):
             return
         if isinstance(node, _REFUSED):
             raise _Refused
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            self.bound.add(node.name)
             for decorator in node.decorator_list:
                 self.visit(decorator, nested, in_annotation, node)
             if isinstance(node, ast.ClassDef):
@@ -244,7 +215,6 @@ class _Finder:
         if isinstance(node, ast.Call):
             name = _dotted(node.func)
             if name is not None and _special_call(name) and self._mentions(node):
-                self._call(node, name)
                 self._use(node, "arg", nested, in_annotation)
                 return
         elif isinstance(node, ast.Constant):
@@ -254,17 +224,7 @@ class _Finder:
                 self._use(node, "stmt" if isinstance(parent, ast.Expr) else "arg", nested, in_annotation)
             return
         elif isinstance(node, ast.JoinedStr):
-            if self._mentions(node):
-                raise _Refused
-        elif isinstance(node, ast.ExceptHandler):
-            if node.name:
-                self.bound.add(node.name)
-        elif isinstance(node, (ast.MatchAs, ast.MatchStar)):
-            if node.name:
-                self.bound.add(node.name)
-        elif isinstance(node, ast.MatchMapping):
-            if node.rest:
-                self.bound.add(node.rest)
+            raise _Refused  # naming a watched word (else not walked)
         for field in node._fields:
             value = getattr(node, field, None)
             if isinstance(value, list):
@@ -281,26 +241,6 @@ class _Finder:
             # a watched attribute name here is left for the final check to refuse
             self.visit(node.value, nested, in_annotation, node)
             return
-        store = not isinstance(node.ctx, ast.Load)
-        if isinstance(node, ast.Name) and store:
-            self.bound.add(node.id)
-        if not self._mentions(node):
-            return
-        if store:
-            raise _Refused
+        if not isinstance(node.ctx, ast.Load):
+            raise _Refused  # a watched name bound, or an attribute of the old module set
         self._use(node, "arg", nested, in_annotation)
-
-    def _call(self, node: ast.Call, name: str) -> None:
-        """A call the engine reads the arguments of: plain arguments only, and a patch
-        target that is not a bare name (the engine would look that name up as a
-        constant anywhere in the file)."""
-        for arg in node.args:
-            if not isinstance(arg, ast.Constant) and _dotted(arg) is None:
-                raise _Refused
-        for kw in node.keywords:
-            if kw.arg is None or (not isinstance(kw.value, ast.Constant) and _dotted(kw.value) is None):
-                raise _Refused
-        if name.rsplit(".", 1)[-1] == "patch" and name not in _CALL_EXACT:
-            target = next((k.value for k in node.keywords if k.arg == "target"), node.args[0] if node.args else None)
-            if isinstance(target, ast.Name):
-                raise _Refused

@@ -98,6 +98,12 @@ def wrapped_{i}(x):
         )
 ''',
     '''
+class Computed{i}:
+    def method(self, value):
+        with mock.patch("sglang.srt.managers.mm_utils._is_hip", new=value, side_effect=lambda *a: self.embedding_cache):
+            return self.embedding_cache, getattr(self, "get_embedding_chunk"), setattr(mm_utils, "_is_hip", value)
+''',
+    '''
 async def multiple_{i}():
     mock.patch.multiple(mm_utils, get_embedding_chunk=None)
     return importlib.import_module("sglang.srt.managers.mm_utils")
@@ -158,9 +164,13 @@ def doctest_{i}():
 ''',
     '''
 def shadowed_{i}():
-    for mock in range(2):
+    for embedding_cache in range(2):
         pass
-    return mock.patch("sglang.srt.managers.mm_utils._is_hip")
+    return embedding_cache, mm_utils.get_embedding_chunk
+''',
+    '''
+def lambda_{i}(f):
+    return f(lambda mm_utils: mm_utils.get_embedding_chunk)
 ''',
     '''
 __all__ = ["get_embedding_chunk"]
