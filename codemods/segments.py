@@ -31,15 +31,9 @@ from .findings import Finding
 from .move_map import MoveMap
 from .resolve import may_bind, parent_and_base
 from .simple_uses import Use, statement_uses
+from .source_text import LINE_END, STRING_END
 
 _SCAN = re.compile(rb"""(?P<q>'''|\"\"\"|'|")|(?P<c>\#)|(?P<o>[(\[{])|(?P<x>[)\]}])|(?P<n>\r\n|\r|\n)|(?P<b>\\(?:\r\n|\r|\n))""")
-_STRING_END = {
-    b"'''": re.compile(rb"(?:[^\\']|\\.|'(?!''))*'''", re.S),
-    b'"""': re.compile(rb'(?:[^\\"]|\\.|"(?!""))*"""', re.S),
-    b"'": re.compile(rb"(?:[^\\'\r\n]|\\(?:\r\n|.))*'", re.S),
-    b'"': re.compile(rb'(?:[^\\"\r\n]|\\(?:\r\n|.))*"', re.S),
-}
-_LINE_END = re.compile(rb"\r\n|\r|\n")
 _TRAILING_NEWLINE = re.compile(rb"(?:\r\n|\r|\n)\Z")
 _CONTINUES = re.compile(rb"(?:else|elif|except|finally)\b")
 _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
@@ -71,12 +65,12 @@ def _line_starts(source: bytes) -> list[tuple[int, bool]] | None:
         if kind == "n":
             out.append((end, depth == 0))
         elif kind == "q":
-            closing = _STRING_END[match.group()].match(source, end)
+            closing = STRING_END[match.group()].match(source, end)
             if closing is None:
                 return None
             end = closing.end()
         elif kind == "c":
-            line_end = _LINE_END.search(source, end)
+            line_end = LINE_END.search(source, end)
             end = line_end.start() if line_end else len(source)
         elif kind == "o":
             depth += 1
@@ -269,7 +263,7 @@ class Reduced:
             for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
                 nested, kind, text = self.probes[shape]
                 lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
-                ends = list(itertools.islice(_LINE_END.finditer(new_source, pos), lines))
+                ends = list(itertools.islice(LINE_END.finditer(new_source, pos), lines))
                 if len(ends) < lines:
                     return None
                 end = ends[-1]
@@ -346,7 +340,7 @@ _COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
 def _utf8(source: bytes) -> bool:
     """Whether the file is UTF-8 (no coding cookie naming anything else): uses are
     located by ``ast``'s UTF-8 byte offsets."""
-    for line in _LINE_END.split(source, 2)[:2]:
+    for line in LINE_END.split(source, 2)[:2]:
         cookie = _COOKIE.match(line)
         if cookie:
             return cookie.group(1).lower().replace(b"_", b"-") in (b"utf-8", b"utf8")
@@ -449,4 +443,4 @@ def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]
 
 
 def _count_lines(text: bytes, start: int = 0, end: int | None = None) -> int:
-    return len(_LINE_END.findall(text, start, len(text) if end is None else end))
+    return len(LINE_END.findall(text, start, len(text) if end is None else end))

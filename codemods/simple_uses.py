@@ -29,12 +29,13 @@ import keyword
 import re
 from dataclasses import dataclass
 
+from .source_text import LINE_END, without_comments
+
 # Calls whose arguments the engine reads (patch targets, setattr/getattr names, dynamic
 # imports): such a call is planned as a whole.
 _CALL_EXACT = frozenset({"setattr", "delattr", "getattr", "hasattr"})
 _CALL_LAST = frozenset({"import_module", "__import__", "patch", "setattr", "delattr"})
 _CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
-_LINE_END = re.compile(rb"\r\n|\r|\n")
 _REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
 _NEXT_TOKEN = re.compile(rb"[ \t\f\r\n]*(.)", re.S)
 _WORD_BEFORE = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -82,8 +83,8 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
     masked = bytearray(chunk)
     for use in finder.uses:
         masked[use.start : use.end] = b" " * (use.end - use.start)
-    if watched.search(masked):
-        return None
+    if watched.search(masked) and watched.search(without_comments(bytes(masked))):
+        return None  # (a comment is nothing to the engine)
     return finder.uses, bytes(masked)
 
 
@@ -110,7 +111,7 @@ class _Finder:
     def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
         self.chunk = chunk
         self.watched = watched
-        self.line_starts = [0] + [m.end() for m in _LINE_END.finditer(chunk)]
+        self.line_starts = [0] + [m.end() for m in LINE_END.finditer(chunk)]
         # where the watched words are (whole words never straddle a node's edge)
         self.hit_starts, self.hit_ends = [], []
         for match in watched.finditer(chunk):

@@ -104,6 +104,11 @@ class Computed{i}:
             return self.embedding_cache, getattr(self, "get_embedding_chunk"), setattr(mm_utils, "_is_hip", value)
 ''',
     '''
+def remarked_{i}(x):
+    # mm_utils.get_embedding_chunk moved; "sglang.srt.managers.mm_utils" keeps _is_hip
+    return x, "# not a comment", mm_utils._is_hip  # embedding_cache
+''',
+    '''
 async def multiple_{i}():
     mock.patch.multiple(mm_utils, get_embedding_chunk=None)
     return importlib.import_module("sglang.srt.managers.mm_utils")
@@ -336,3 +341,14 @@ def test_module_level_uses_are_planned_between_the_statements_libcst_sees(move_m
 def test_plain_statements_take_the_simple_use_path(move_map, template):
     found = _uses(move_map, template.format(i=0))
     assert found is not None and found[0]
+
+
+def test_comments_are_blanked_but_not_what_strings_hold():
+    from mm_schedule.codemods.source_text import without_comments
+
+    text = b"x = 1  # mm_utils\ny = '# no comment'  # two\r\nz = '''a # b\n''' # c\rw = 'unclosed # d"
+    blanked = without_comments(text)
+    assert len(blanked) == len(text)
+    assert b"mm_utils" not in blanked and b"two" not in blanked and b"# c" not in blanked
+    assert b"'# no comment'" in blanked and b"'''a # b\n'''" in blanked
+    assert blanked.endswith(b"'unclosed # d")  # a string it cannot close stops the blanking
