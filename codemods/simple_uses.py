@@ -18,7 +18,7 @@ watched word, a watched word bound or assigned to, a string annotation, a use in
 parentheses of its own (libcst's findings would start at the parenthesis), a walrus in
 a use, ``__all__``, an ``if`` on a version, ``sys.modules``, an f-string or bytes naming
 the map's words, a doctest, or any watched word left over once the recognised uses are
-taken out (a keyword argument, a comment).
+taken out (a keyword argument's name, say; comments do not count).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
         finder.visit(tree.body[0], False, False, None)
     except _Refused:
         return None
-    # A watched word outside the uses (a binding of one, a keyword argument, a comment)
-    # sends the statement to libcst. Only watched names can reach the map's modules (an
+    # A watched word outside the uses and comments (a binding of one, a keyword
+    # argument's name) sends the statement to libcst. Only watched names can reach the map's modules (an
     # import that may bind one is watched), so no other binding in the statement changes
     # what a use means: a probe where such a name is unbound gives the same result.
     masked = bytearray(chunk)
