@@ -1,16 +1,20 @@
-"""Large files: hand libcst only the top-level statements that could need an edit.
+"""Large files: hand libcst only the top-level statements that need it.
 
 libcst costs about 5 us and 600 bytes of memory per source byte to parse, and the
 scope analysis as much again, so a multi-megabyte module would take minutes and
-gigabytes although almost all of it never mentions the old module. A light scanner
-(strings, comments, brackets and line continuations only; no parse) finds where each
-top-level statement starts and ends; every statement that contains none of the words
-the map cares about is replaced by one marker line, the reduced module goes through
-the engine unchanged, and the markers are swapped back for the original bytes.
+gigabytes. A light scanner (strings, comments, brackets and line continuations only; no
+parse) finds where each top-level statement starts and ends. A statement that contains
+none of the words the map cares about is replaced by one marker line; one whose uses of
+those words are all simple shapes (``simple_uses``) is replaced as well, and one copy of
+each distinct use goes into a probe block (a function for uses in nested scopes, plain
+module-level lines for the others) placed before the marker of the first statement
+using it. The reduced module goes through the engine unchanged; the markers
+are swapped back for the original bytes, with every simple use rewritten the way the
+engine rewrote its probe copy, and the probe's findings are repeated at every use.
 
 Replacing a statement keeps everything around it (comments between statements stay
 where libcst attaches them), so the engine sees the same structure it would see in
-the whole file. Any doubt (a marker not found exactly once afterwards) makes the
+the whole file. Any doubt (a marker or a probe line not found as written) makes the
 caller fall back to the whole file.
 """
 
@@ -18,25 +22,30 @@ from __future__ import annotations
 
 import ast
 import bisect
+import itertools
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+from .findings import Finding
 from .move_map import MoveMap
-from .resolve import parent_and_base
+from .resolve import may_bind, parent_and_base
+from .simple_uses import Use, statement_uses
+from .source_text import LINE_END, STRING_END
 
 _SCAN = re.compile(rb"""(?P<q>'''|\"\"\"|'|")|(?P<c>\#)|(?P<o>[(\[{])|(?P<x>[)\]}])|(?P<n>\r\n|\r|\n)|(?P<b>\\(?:\r\n|\r|\n))""")
-_STRING_END = {
-    b"'''": re.compile(rb"(?:[^\\']|\\.|'(?!''))*'''", re.S),
-    b'"""': re.compile(rb'(?:[^\\"]|\\.|"(?!""))*"""', re.S),
-    b"'": re.compile(rb"(?:[^\\'\r\n]|\\(?:\r\n|.))*'", re.S),
-    b'"': re.compile(rb'(?:[^\\"\r\n]|\\(?:\r\n|.))*"', re.S),
-}
-_LINE_END = re.compile(rb"\r\n|\r|\n")
 _TRAILING_NEWLINE = re.compile(rb"(?:\r\n|\r|\n)\Z")
 _CONTINUES = re.compile(rb"(?:else|elif|except|finally)\b")
 _BLANK_OR_COMMENT = re.compile(rb"[ \t\f]*(?:#[^\r\n]*)?(?:\r\n|\r|\n|$)")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
+# a line starting ``def``/``class`` (``^`` alone misses lines after a lone CR)
+_DEF_LINE = re.compile(rb"(?:^|(?<=\r))(?:async\s+)?(?:def|class)\b", re.M)
+# ``NAME = "text"`` anywhere in a file is a constant to the engine: a patch target or a
+# ``sys.modules`` key built from NAME (in a call these words name) is read through it
+_CONSTANT = re.compile(
+    rb"""(?m)(?:^|(?<=\r)|[;:])[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*(?:\\(?:\r\n|\r|\n)[ \t]*)?(?:\(\s*)*[rRuU]?['"]"""
+)
+_READS_CONSTANTS = re.compile(rb"patch|setattr|delattr|sys\.modules")
 
 
 def _line_starts(source: bytes) -> list[tuple[int, bool]] | None:
@@ -56,12 +65,12 @@ def _line_starts(source: bytes) -> list[tuple[int, bool]] | None:
         if kind == "n":
             out.append((end, depth == 0))
         elif kind == "q":
-            closing = _STRING_END[match.group()].match(source, end)
+            closing = STRING_END[match.group()].match(source, end)
             if closing is None:
                 return None
             end = closing.end()
         elif kind == "c":
-            line_end = _LINE_END.search(source, end)
+            line_end = LINE_END.search(source, end)
             end = line_end.start() if line_end else len(source)
         elif kind == "o":
             depth += 1
@@ -108,56 +117,200 @@ def _decorator_only(source: bytes, lines, start: int, k: int) -> bool:
     """Whether the statement that began at line ``start`` (a decorator) has not reached its
     ``def``/``class`` before line ``k``: then line ``k`` still belongs to it."""
     text = source[lines[start][0] : lines[k][0]]
-    return re.search(rb"^(?:async\s+)?(?:def|class)\b", text, re.M) is None
+    return _DEF_LINE.search(text) is None
+
+
+def constant_readers(source: bytes, spans: list[tuple[int, int]]) -> set[int]:
+    """Indices of the statements libcst must see whatever words they contain: those
+    that may build a patch target or a ``sys.modules`` key from a string constant, and
+    those that assign the constants they use (the engine reads constants file-wide)."""
+    assigned: dict[bytes, list[int]] = {}
+    starts = [start for start, _ in spans]
+    for match in _CONSTANT.finditer(source):
+        k = bisect.bisect_right(starts, match.start(1)) - 1
+        if k >= 0 and match.start(1) < spans[k][1]:
+            assigned.setdefault(match.group(1), []).append(k)
+    if not assigned:
+        return set()
+    names = re.compile(rb"\b(?:" + b"|".join(re.escape(n) for n in sorted(assigned)) + rb")\b")
+    out: set[int] = set()
+    for k in sorted({bisect.bisect_right(starts, m.start()) - 1 for m in _READS_CONSTANTS.finditer(source)}):
+        if k < 0 or not names.search(source, *spans[k]):
+            continue
+        out.add(k)
+        for used in set(names.findall(source, *spans[k])):
+            out.update(assigned[used])
+    return out
 
 
 def watch_words(source: bytes, spans: list[tuple[int, int]], move_map: MoveMap) -> re.Pattern[bytes] | None:
     """Words whose presence makes a statement worth handing to libcst: names that left,
-    the base names of every module involved, and every name an import in a statement
-    that mentions one of those modules binds. None when such a statement does not parse."""
+    the base names of every module involved, every name an import in a statement that
+    mentions one of those bases binds, and every name an import binds to a package above
+    an involved module (``import torch`` reaches ``torch.nn.functional``). None when such
+    a statement does not parse."""
     modules = {move_map.old_module, move_map.new_module, *move_map.import_origins.values()}
     bases = {parent_and_base(m)[1] for m in modules}
+    parts = {part for m in modules for part in m.split(".")}
     words = set(move_map.interesting) | bases
     mentions = re.compile(b"|".join(re.escape(b.encode()) for b in sorted(bases)))
+    mentions_part = re.compile(b"|".join(re.escape(p.encode()) for p in sorted(parts)))
     for start, end in spans:
         chunk = source[start:end]
-        if not mentions.search(chunk):
+        if b"import" not in chunk or not mentions_part.search(chunk):
             continue
         try:
             tree = ast.parse(chunk)
         except (SyntaxError, ValueError):
             return None
+        every_name = mentions.search(chunk) is not None
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for alias in node.names:
-                    words.add(alias.asname or alias.name.split(".")[0])
+                    if every_name or _reaches(node, alias, modules, parts):
+                        words.add(alias.asname or alias.name.split(".")[0])
     words.discard("*")
     return re.compile(rb"\b(?:" + b"|".join(re.escape(w.encode()) for w in sorted(words)) + rb")\b")
 
 
+def _reaches(node: ast.Import | ast.ImportFrom, alias: ast.alias, modules: set[str], parts: set[str]) -> bool:
+    """Whether the name ``alias`` binds may be a package above (or at) an involved module."""
+    if isinstance(node, ast.Import):
+        bound = alias.name if alias.asname else alias.name.split(".")[0]
+        return any(may_bind(m, bound) for m in modules)
+    if node.level:  # the package is unknown here: any part of a module path may be it
+        return alias.name in parts
+    return any(may_bind(m, alias.name, node.module) for m in modules)
+
+
+@dataclass(frozen=True)
+class FastStatement:
+    """A statement left out of the reduced module whose uses are copied from probes."""
+
+    start: int  # byte offset in the file
+    line: int  # 1-based line of the file it starts on
+    uses: list[Use]
+    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape
+
+
 @dataclass
 class Reduced:
-    """A module with the statements nobody cares about replaced by marker lines."""
+    """A module with the statements nobody cares about replaced by marker lines, and the
+    statements whose uses are all simple shapes replaced as well: one copy of each
+    distinct shape goes into a probe block placed before the marker of the first
+    statement using it, so the engine meets it in the order the whole file would."""
 
     source: bytes
-    pattern: re.Pattern[bytes]  # a marker line; group 1 is its index in ``originals``
-    originals: list[bytes]  # what each marker line stands for
+    token: str
+    original: bytes
+    runs: list[tuple[int, int, list[FastStatement]]]  # what each marker line stands for
     shifts: list[tuple[int, int]]  # (reduced line of a marker, original lines it stands for)
     skipped_words: set[str]  # identifiers in the replaced statements
+    # (nested, kind, text) of each shape; a use in a nested scope reads the same bindings
+    # anywhere, one in the module's scope only those made before it, so the latter is a
+    # shape of its own in each run (no kept statement, so no binding, between its uses)
+    probes: list[tuple[bool, str, bytes]] = field(default_factory=list)
+    blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
+    # reduced line -> (shape, which of the shape's lines)
+    probe_lines: dict[int, tuple[int, int]] = field(default_factory=dict)
+    probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe block headers
 
-    def restore(self, new_source: bytes) -> bytes | None:
-        """``new_source`` with every marker swapped back; None if a marker is not there
-        exactly once (the caller then runs on the whole file)."""
+    def finish(self, new_source: bytes, findings: list[Finding]) -> tuple[bytes, list[Finding]] | None:
+        """The whole file's new bytes and findings from the engine's run on the reduced
+        module; None if anything is not where it has to be (the caller then runs on the
+        whole file)."""
+        read = self._read_probes(new_source)
+        if read is None:
+            return None
+        stripped, rewritten = read
+        out: list[Finding] = []
+        per_shape: dict[int, list[tuple[int, int, Finding]]] = {}
+        for finding in findings:
+            place = self.probe_lines.get(finding.line)
+            if place is not None:
+                shape, below = place
+                # the first line is shifted by the probe's prefix, the others are as written
+                start = len(_entry_prefix(*self.probes[shape][:2], self.token)) + 1 if below == 0 else 1
+                if finding.column < start:
+                    return None
+                per_shape.setdefault(shape, []).append((below, finding.column - start, finding))
+            elif finding.line in self.probe_heads:
+                return None
+            else:
+                out.append(replace(finding, line=self.original_line(finding.line)))
+        if per_shape:
+            for _start, _end, fast in self.runs:
+                for statement in fast:
+                    for use, shape in zip(statement.uses, statement.shapes):
+                        for below, offset, finding in per_shape.get(shape, ()):
+                            column = use.column + 1 + offset if below == 0 else 1 + offset
+                            out.append(replace(finding, line=statement.line + use.line - 1 + below, column=column))
+            out.sort(key=lambda f: (f.line, f.column, f.code))
+        restored = self.restore(stripped, rewritten)
+        return None if restored is None else (restored, out)
+
+    def _read_probes(self, new_source: bytes) -> tuple[bytes, list[bytes]] | None:
+        """``new_source`` without the probe blocks, and each shape's rewritten text."""
+        if not self.blocks:
+            return new_source, []
+        head = re.compile(f"(?:def )?_mm_codemod_probe_{self.token}_([0-9]+)(?:\\(\\):)?(?:\r\n|\r|\n)".encode())
+        rewritten: list[bytes | None] = [None] * len(self.probes)
+        pieces, pos, seen = [], 0, []
+        for match in head.finditer(new_source):
+            pieces.append(new_source[pos : match.start()])
+            pos = match.end()
+            seen.append(int(match.group(1)))
+            for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
+                nested, kind, text = self.probes[shape]
+                lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
+                ends = list(itertools.islice(LINE_END.finditer(new_source, pos), lines))
+                if len(ends) < lines:
+                    return None
+                end = ends[-1]
+                entry = new_source[pos : end.start()]
+                prefix = _entry_prefix(nested, kind, self.token)
+                if not entry.startswith(prefix):
+                    return None
+                if kind == "arg":
+                    if not entry.endswith(b")"):
+                        return None
+                    rewritten[shape] = entry[len(prefix) : -1]
+                elif entry[len(prefix) :] == text:
+                    rewritten[shape] = text
+                else:
+                    return None
+                pos = end.end()
+        pieces.append(new_source[pos:])
+        if seen != list(range(len(self.blocks))) or any(r is None for r in rewritten):
+            return None
+        return b"".join(pieces), rewritten
+
+    def restore(self, new_source: bytes, rewritten: list[bytes]) -> bytes | None:
+        """``new_source`` with every marker swapped back (simple uses rewritten as their
+        probes were); None if a marker is not there exactly once."""
         seen: list[int] = []
+        pattern = re.compile(f"_mm_codemod_kept_{self.token}_([0-9]+)(?:\r\n|\r|\n)".encode())
 
         def original(match: re.Match[bytes]) -> bytes:
             seen.append(int(match.group(1)))
-            return self.originals[seen[-1]]
+            return self._run_text(seen[-1], rewritten) if seen[-1] < len(self.runs) else b""
 
-        out = self.pattern.sub(original, new_source)
-        if sorted(seen) != list(range(len(self.originals))):
+        out = pattern.sub(original, new_source)
+        if sorted(seen) != list(range(len(self.runs))):
             return None
         return out
+
+    def _run_text(self, k: int, rewritten: list[bytes]) -> bytes:
+        start, end, fast = self.runs[k]
+        pieces, pos = [], start
+        for statement in fast:
+            for use, shape in zip(statement.uses, statement.shapes):
+                if rewritten[shape] != use.text:
+                    pieces.append(self.original[pos : statement.start + use.start])
+                    pieces.append(rewritten[shape])
+                    pos = statement.start + use.end
+        pieces.append(self.original[pos:end])
+        return b"".join(pieces)
 
     def original_line(self, line: int) -> int:
         """The line of the original file that reduced line ``line`` came from."""
@@ -173,31 +326,80 @@ class Reduced:
             self._extra.append(total)
 
 
-def reduce(source: bytes, move_map: MoveMap) -> Reduced | None:
-    """``source`` with its irrelevant top-level statements replaced, or None when that
-    would not save anything or the text cannot be scanned."""
+def _entry_prefix(nested: bool, kind: str, token: str) -> bytes:
+    """How a probe line starts: indented in a probe function for a nested use, at the
+    module's level otherwise; an expression is passed to a sink call (so a string is not
+    taken for a docstring), a statement string stands alone."""
+    indent = b"    " if nested else b""
+    return indent + f"_mm_codemod_sink_{token}(".encode() if kind == "arg" else indent
+
+
+_COOKIE = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+
+
+def _utf8(source: bytes) -> bool:
+    """Whether the file is UTF-8 (no coding cookie naming anything else): uses are
+    located by ``ast``'s UTF-8 byte offsets."""
+    for line in LINE_END.split(source, 2)[:2]:
+        cookie = _COOKIE.match(line)
+        if cookie:
+            return cookie.group(1).lower().replace(b"_", b"-") in (b"utf-8", b"utf8")
+    return True
+
+
+def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Reduced | None:
+    """``source`` with its irrelevant top-level statements replaced (with
+    ``simple_uses``, also those whose uses are all simple), or None when that would not
+    save anything or the text cannot be scanned."""
     spans = statement_spans(source)
     if not spans:
         return None
     watched = watch_words(source, spans, move_map)
     if watched is None:
         return None
-    token = secrets.token_hex(6)
-    pieces: list[bytes] = []
-    originals: list[bytes] = []
-    shifts: list[tuple[int, int]] = []
+    simple_uses = simple_uses and _utf8(source)
+    readers = constant_readers(source, spans)
     skipped: set[bytes] = set()
-    runs: list[list[int]] = []  # [start, end] of consecutive statements nobody cares about
-    for start, end in spans:
+    shapes: dict[tuple[int, str, bytes], int] = {}
+    runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
+    line, pos = 1, 0
+    for k, (start, end) in enumerate(spans):
+        line += _count_lines(source, pos, start)
+        pos = start
+        uses = None
+        if k in readers:
+            runs.append([-1, -1, []])
+            continue
         if watched.search(source, start, end):
-            runs.append([-1, -1])
-        elif runs and runs[-1][0] >= 0:
-            runs[-1][1] = end
+            found = statement_uses(source[start:end], watched) if simple_uses and start > 0 else None
+            if found is None:
+                runs.append([-1, -1, []])
+                continue
+            uses, masked = found
+            skipped.update(_WORD.findall(masked))
         else:
-            runs.append([start, end])
-    pos = 0
-    line = 1
-    for start, end in runs:
+            skipped.update(_WORD.findall(source, start, end))
+        if not runs or runs[-1][0] < 0:
+            runs.append([start, end, []])
+        runs[-1][1] = end
+        if uses is not None:
+            run = len(runs) - 1
+            keys = [shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)) for u in uses]
+            runs[-1][2].append(FastStatement(start, line, uses, keys))
+    return _build(source, runs, [(scope < 0, kind, text) for scope, kind, text in shapes], skipped)
+
+
+def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]], skipped: set[bytes]) -> Reduced | None:
+    token = secrets.token_hex(6)
+    kept: list[tuple[int, int, list[FastStatement]]] = []
+    pieces: list[bytes] = []
+    shifts: list[tuple[int, int]] = []
+    blocks: list[list[int]] = []
+    probe_lines: dict[int, int] = {}
+    probe_heads: set[int] = set()
+    next_shape = 0
+    pos, line = 0, 1
+    for start, end, fast in runs:
         if start < 0:
             continue
         chunk = source[start:end]
@@ -206,18 +408,39 @@ def reduce(source: bytes, move_map: MoveMap) -> Reduced | None:
             return None
         pieces.append(source[pos:start])
         line += _count_lines(source, pos, start)
-        pieces.append(f"_mm_codemod_kept_{token}_{len(originals)}".encode() + newline.group())
-        originals.append(chunk)
-        shifts.append((line, _count_lines(chunk)))
-        skipped.update(_WORD.findall(chunk))
+        # shapes are numbered in order of first use, so the ones new here follow on
+        last = max((k for statement in fast for k in statement.shapes), default=-1)
+        new_shapes = list(range(next_shape, last + 1))
+        block = 0  # lines the probe blocks take
+        # consecutive shapes of one scope share a block (a function for nested uses, the
+        # module's level for the others), so the engine meets them in the file's order
+        for nested, group in itertools.groupby(new_shapes, key=lambda shape: probes[shape][0]):
+            group = list(group)
+            head = f"_mm_codemod_probe_{token}_{len(blocks)}"
+            pieces.append((f"def {head}():" if nested else head).encode() + newline.group())
+            blocks.append(group)
+            probe_heads.add(line + block)
+            block += 1
+            for shape in group:
+                _, kind, text = probes[shape]
+                pieces.append(_entry_prefix(nested, kind, token) + text + (b")" if kind == "arg" else b"")
+                              + newline.group())
+                for below in range(_count_lines(text) + 1):
+                    probe_lines[line + block] = (shape, below)
+                    block += 1
+        line += block
+        next_shape = max(next_shape, last + 1)
+        pieces.append(f"_mm_codemod_kept_{token}_{len(kept)}".encode() + newline.group())
+        kept.append((start, end, fast))
+        shifts.append((line, _count_lines(chunk) - block))
         line += 1
         pos = end
-    if not originals:
+    if not kept:
         return None
     pieces.append(source[pos:])
-    pattern = re.compile(f"_mm_codemod_kept_{token}_([0-9]+)(?:\r\n|\r|\n)".encode())
-    return Reduced(b"".join(pieces), pattern, originals, shifts, {w.decode() for w in skipped})
+    return Reduced(b"".join(pieces), token, source, kept, shifts, {w.decode() for w in skipped},
+                   probes, blocks, probe_lines, probe_heads)
 
 
 def _count_lines(text: bytes, start: int = 0, end: int | None = None) -> int:
-    return len(_LINE_END.findall(text, start, len(text) if end is None else end))
+    return len(LINE_END.findall(text, start, len(text) if end is None else end))

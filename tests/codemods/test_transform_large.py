@@ -197,3 +197,46 @@ def test_segmented_pass_equals_whole_file_pass_on_a_real_release():
             assert parts == whole, name
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r"])
+def test_constants_in_left_out_statements_still_build_patch_targets(move_map, newline):
+    """A module path kept in a constant reaches a patch target or a ``sys.modules`` key
+    in another statement; neither statement mentions the map's words on its own."""
+    source = (HEADER + '''
+PREFIX = "sglang.srt.managers."
+TARGET = "sglang.srt.managers.mm_utils._is_hip"
+KEY = PREFIX + "mm_utils"
+
+
+def patch_prefix():
+    return mock.patch(PREFIX + "mm_utils.get_embedding_chunk")
+
+
+def patch_target():
+    return mock.patch(TARGET)
+
+
+def stub(module):
+    sys.modules[PREFIX + "mm_utils"] = module
+''' + "".join(p.format(i=i) for i in range(40) for p in PLAIN)).replace("\n", newline).encode()
+    assert reduce(source, move_map) is not None
+    whole = migrate_source(source, move_map, path="c.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="c.py", package="app", segment_above=0)
+    assert {"MMS012", "MMS013"} <= {f.code for f in whole.findings}
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
+
+
+def test_an_import_of_a_package_above_the_old_module_is_kept(move_map):
+    """``import sglang.srt`` names none of the map's words, yet uses reach the old module
+    through it: the segmented pass must keep the import and rewrite those uses."""
+    source = ('"""Top package only."""\nimport os\nimport sglang.srt\n'
+              + "".join(p.format(i=i) for i in range(30) for p in PLAIN)
+              + "\n\ndef use(x):\n    return sglang.srt.managers.mm_utils.get_embedding_chunk(x)\n").encode()
+    assert reduce(source, move_map) is not None
+    whole = migrate_source(source, move_map, path="t.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="t.py", package="app", segment_above=0)
+    assert whole.new_source is not None and b"mm_schedule.get_embedding_chunk" in whole.new_source
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings

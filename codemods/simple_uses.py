@@ -1,0 +1,247 @@
+"""Top-level statements whose uses of the map's names are simple shapes.
+
+A large module where nearly every function uses the old module would make libcst parse
+and analyse all of it. But a use such as ``mm_utils.get_embedding_chunk``, a moved name
+imported at module level, a patch target string or a ``mock.patch("...")`` call, in a
+statement where the map's words occur nowhere else (so none of them is bound there),
+means the same thing wherever it appears: it resolves to the module-level bindings and
+nothing around it changes what the engine does with it. Inside a function or class
+body that holds for the whole file (scope analysis does not order such accesses against
+module-level assignments); in the module's own scope it holds between two statements
+that libcst sees, since only those can bind the names involved. ``statement_uses``
+finds such uses with CPython's ``ast`` (no libcst) and says where they are; ``segments``
+then hands libcst one copy of each distinct use and copies the outcome (rewrite and
+findings) to every place it occurs.
+
+Anything less plain makes the whole statement go through libcst: an import naming a
+watched word, a watched word bound or assigned to, a string annotation, a use in
+parentheses of its own (libcst's findings would start at the parenthesis), a walrus in
+a use, ``__all__``, an ``if`` on a version, ``sys.modules``, an f-string or bytes naming
+the map's words, a doctest, or any watched word left over once the recognised uses are
+taken out (a keyword argument's name, say; comments do not count).
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import keyword
+import re
+from dataclasses import dataclass
+
+from .source_text import LINE_END, without_comments
+
+# Calls whose arguments the engine reads (patch targets, setattr/getattr names, dynamic
+# imports): such a call is planned as a whole.
+_CALL_EXACT = frozenset({"setattr", "delattr", "getattr", "hasattr"})
+_CALL_LAST = frozenset({"import_module", "__import__", "patch", "setattr", "delattr"})
+_CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
+_REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
+_NEXT_TOKEN = re.compile(rb"[ \t\f\r\n]*(.)", re.S)
+_WORD_BEFORE = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NO_TEXT = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+
+
+@dataclass(frozen=True)
+class Use:
+    """One use inside a statement: ``kind`` is "arg" (an expression) or "stmt" (a string
+    that is a statement of its own, which the engine treats as a docstring)."""
+
+    kind: str
+    text: bytes
+    nested: bool  # inside a function or class body (else evaluated in the module's scope)
+    start: int  # byte offsets in the statement
+    end: int
+    line: int  # 1-based, within the statement
+    column: int  # 0-based, in characters
+
+
+class _Refused(Exception):
+    pass
+
+
+def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use], bytes] | None:
+    """The simple uses in one top-level statement and the statement's text with them
+    blanked out, or None when the statement has to go through libcst."""
+    try:
+        tree = ast.parse(chunk)
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1:
+        return None
+    if b"sys.modules" in chunk or b"__all__" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
+        return None
+    finder = _Finder(chunk, watched)
+    try:
+        finder.visit(tree.body[0], False, False, None)
+    except _Refused:
+        return None
+    # A watched word outside the uses and comments (a binding of one, a keyword
+    # argument's name) sends the statement to libcst. Only watched names can reach the map's modules (an
+    # import that may bind one is watched), so no other binding in the statement changes
+    # what a use means: a probe where such a name is unbound gives the same result.
+    masked = bytearray(chunk)
+    for use in finder.uses:
+        masked[use.start : use.end] = b" " * (use.end - use.start)
+    if watched.search(masked) and watched.search(without_comments(bytes(masked))):
+        return None  # (a comment is nothing to the engine)
+    return finder.uses, bytes(masked)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attribute reads, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _special_call(name: str) -> bool:
+    last = name.rsplit(".", 1)[-1]
+    return name in _CALL_EXACT or last in _CALL_LAST or name.endswith(_CALL_ENDS)
+
+
+class _Finder:
+    """Walks only the parts of a statement that name a watched word."""
+
+    def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
+        self.chunk = chunk
+        self.watched = watched
+        self.line_starts = [0] + [m.end() for m in LINE_END.finditer(chunk)]
+        # where the watched words are (whole words never straddle a node's edge)
+        self.hit_starts, self.hit_ends = [], []
+        for match in watched.finditer(chunk):
+            self.hit_starts.append(match.start())
+            self.hit_ends.append(match.end())
+        self.uses: list[Use] = []
+
+    # positions ------------------------------------------------------------------
+    def _offset(self, line: int, column: int) -> int:
+        return self.line_starts[line - 1] + column
+
+    def _text(self, node: ast.AST) -> bytes:
+        return self.chunk[self._offset(node.lineno, node.col_offset) : self._offset(node.end_lineno, node.end_col_offset)]
+
+    def _mentions(self, node: ast.AST) -> bool:
+        k = bisect.bisect_left(self.hit_starts, self._offset(node.lineno, node.col_offset))
+        return k < len(self.hit_starts) and self.hit_ends[k] <= self._offset(node.end_lineno, node.end_col_offset)
+
+    def _use(self, node: ast.AST, kind: str, nested: bool, in_annotation: bool) -> None:
+        if in_annotation and not isinstance(node, (ast.Name, ast.Attribute)):
+            raise _Refused  # a string annotation is reported by the engine as such
+        start = self._offset(node.lineno, node.col_offset)
+        end = self._offset(node.end_lineno, node.end_col_offset)
+        if self._wrapped(start, end):
+            raise _Refused
+        line_start = self.line_starts[node.lineno - 1]
+        column = len(self.chunk[line_start:start].decode("utf-8"))
+        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
+        if not isinstance(node, (ast.Name, ast.Attribute)) and any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+            raise _Refused  # it would bind a name in the statement's scope
+
+    def _wrapped(self, start: int, end: int) -> bool:
+        """Whether the use at bytes ``start:end`` may sit in parentheses of its own:
+        libcst counts those as part of the node, so its findings would start there (a
+        comment on the way leaves it undecided, which counts as yes)."""
+        chunk = self.chunk
+        after = _NEXT_TOKEN.match(chunk, end)
+        if after is None or after.group(1) not in (b")", b"#"):
+            return False
+        i = start - 1
+        while i >= 0 and chunk[i] in b" \t\f\r\n":
+            if chunk[i] in b"\r\n" and b"#" in chunk[self.line_starts[bisect.bisect_right(self.line_starts, i - 1) - 1] : i]:
+                return True
+            i -= 1
+        if i < 0 or chunk[i] != ord("("):
+            return False
+        i -= 1
+        while i >= 0 and chunk[i] in b" \t\f\r\n":
+            i -= 1
+        if i < 0:
+            return True
+        if chunk[i] in b")]":
+            return False  # the parenthesis of a call
+        word = _WORD_BEFORE.search(chunk, 0, i + 1)
+        if word is None:
+            return True
+        name = word.group().decode()
+        return keyword.iskeyword(name) or keyword.issoftkeyword(name)
+
+    # the walk ---------------------------------------------------------------------
+    def _arguments(self, args: ast.arguments, nested: bool) -> None:
+        for arg in (*args.posonlyargs, *args.args, args.vararg, *args.kwonlyargs, args.kwarg):
+            if arg is not None and arg.annotation is not None:
+                self.visit(arg.annotation, nested, True, None)
+        for default in (*args.defaults, *args.kw_defaults):
+            if default is not None:
+                self.visit(default, nested, False, None)
+
+    def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+        if hasattr(node, "end_col_offset") and not self._mentions(node):
+            return
+        if isinstance(node, _REFUSED):
+            raise _Refused
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for decorator in node.decorator_list:
+                self.visit(decorator, nested, in_annotation, node)
+            if isinstance(node, ast.ClassDef):
+                for base in (*node.bases, *node.keywords):
+                    self.visit(base, nested, in_annotation, node)
+                for statement in node.body:
+                    self.visit(statement, True, False, node)
+                return
+            self._arguments(node.args, nested)
+            if node.returns is not None:
+                self.visit(node.returns, nested, True, node)
+            for statement in node.body:
+                self.visit(statement, True, False, node)
+            return
+        if isinstance(node, ast.Lambda):
+            self._arguments(node.args, nested)
+            self.visit(node.body, True, in_annotation, node)
+            return
+        if isinstance(node, ast.AnnAssign):
+            self.visit(node.target, nested, in_annotation, node)
+            self.visit(node.annotation, nested, True, node)
+            if node.value is not None:
+                self.visit(node.value, nested, in_annotation, node)
+            return
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            self._chain(node, nested, in_annotation)
+            return
+        if isinstance(node, ast.Call):
+            name = _dotted(node.func)
+            if name is not None and _special_call(name) and self._mentions(node):
+                self._use(node, "arg", nested, in_annotation)
+                return
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, (str, bytes)) and self._mentions(node):
+                if not isinstance(node.value, str) or (isinstance(parent, ast.Expr) and b">>>" in self._text(node)):
+                    raise _Refused
+                self._use(node, "stmt" if isinstance(parent, ast.Expr) else "arg", nested, in_annotation)
+            return
+        elif isinstance(node, ast.JoinedStr):
+            raise _Refused  # naming a watched word (else not walked)
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if isinstance(value, list):
+                for child in value:
+                    if isinstance(child, ast.AST) and not isinstance(child, _NO_TEXT):
+                        self.visit(child, nested, in_annotation, node)
+            elif isinstance(value, ast.AST) and not isinstance(value, _NO_TEXT):
+                self.visit(value, nested, in_annotation, node)
+
+    def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:
+        """A name, or attribute reads on one: a use when it names a watched word."""
+        if _dotted(node) is None:
+            # attribute of something that is not a plain name: its value is walked, and
+            # a watched attribute name here is left for the final check to refuse
+            self.visit(node.value, nested, in_annotation, node)
+            return
+        if not isinstance(node.ctx, ast.Load):
+            raise _Refused  # a watched name bound, or an attribute of the old module set
+        self._use(node, "arg", nested, in_annotation)

@@ -1,0 +1,354 @@
+"""Large files: top-level functions whose uses of the map's names are simple shapes skip
+libcst; the engine plans one copy of each distinct use and the outcome is copied to every
+occurrence. The result must be exactly the whole-file pass (bytes and findings), and any
+statement with something less plain must go through libcst instead."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from mm_schedule.codemods.segments import reduce, statement_spans, watch_words
+from mm_schedule.codemods.simple_uses import statement_uses
+from mm_schedule.codemods.transform import migrate_source
+
+WHOLE = 1 << 62  # never segment
+
+HEADER = '''"""A generated module."""
+import importlib
+import unittest.mock as mock
+
+from sglang.srt.managers import mm_utils
+import sglang.srt.managers.mm_utils as mmu
+from sglang.srt.managers.mm_utils import (
+    get_embedding_chunk,  # keep me
+    embedding_cache,
+    MultimodalDataItem,
+)
+'''
+
+# statements whose uses are all simple: planned once per distinct use
+SIMPLE = [
+    '''
+def chunk_{i}(x):
+    return mm_utils.get_embedding_chunk(x) + get_embedding_chunk(x, {i})
+''',
+    '''
+def patched_{i}():
+    with mock.patch("sglang.srt.managers.mm_utils._get_multimodal_mask"):
+        return embedding_cache, MultimodalDataItem
+''',
+    '''
+class Holder{i}:
+    """Nothing to see."""
+
+    def method(self, value=1):
+        return "caf\u00e9 \u2014 {i}", mmu._is_hip, mmu.PerImageRequestInfo
+''',
+    '''
+def dynamic_{i}(flag):
+    getattr(mm_utils, "get_embedding_chunk")
+    setattr(mm_utils, "_is_hip", True)
+    return mock.patch.object(mm_utils, "get_embedding_and_mask")
+''',
+    '''
+def strings_{i}():
+    """Mentions sglang.srt.managers.mm_utils.get_embedding_chunk in prose."""
+    return ("sglang.srt.managers.mm_utils.get_embedding_chunk",
+            "sglang/srt/managers/mm_utils.py")
+''',
+    '''
+def nested_{i}():
+    def inner(rows):
+        return [mmu.PerImageRequestInfo for _ in rows]
+    return inner, lambda: mm_utils.old_helper
+''',
+    '''
+@mock.patch("sglang.srt.managers.mm_utils._is_hip")
+def decorated_{i}(patched, value: mm_utils.PerImageRequestInfo = mmu._is_hip) -> mmu.PerImageRequestInfo:
+    return patched, value
+''',
+    '''
+chunk_{i} = mm_utils.get_embedding_chunk, get_embedding_chunk
+mock.patch("sglang.srt.managers.mm_utils._get_multimodal_mask").start()
+''',
+    '''
+class Base{i}(mmu.PerImageRequestInfo, metaclass=mm_utils.old_helper):
+    pass
+''',
+    '''
+class Body{i}:
+    value: mm_utils.PerImageRequestInfo = mm_utils._is_hip
+
+    def method(self, other: mmu.PerImageRequestInfo) -> mm_utils.PerImageRequestInfo:
+        return other
+''',
+    '''
+def wrapped_{i}(x):
+    with mock.patch(
+        "sglang.srt.managers.mm_utils._get_multimodal_mask",
+        side_effect=None,
+    ):
+        return x(
+            mm_utils.get_embedding_chunk,
+            "sglang.srt.managers."
+            "mm_utils.get_embedding_chunk",
+        )
+''',
+    '''
+class Computed{i}:
+    def method(self, value):
+        with mock.patch("sglang.srt.managers.mm_utils._is_hip", new=value, side_effect=lambda *a: self.embedding_cache):
+            return self.embedding_cache, getattr(self, "get_embedding_chunk"), setattr(mm_utils, "_is_hip", value)
+''',
+    '''
+def remarked_{i}(x):
+    # mm_utils.get_embedding_chunk moved; "sglang.srt.managers.mm_utils" keeps _is_hip
+    return x, "# not a comment", mm_utils._is_hip  # embedding_cache
+''',
+    '''
+async def multiple_{i}():
+    mock.patch.multiple(mm_utils, get_embedding_chunk=None)
+    return importlib.import_module("sglang.srt.managers.mm_utils")
+''',
+]
+
+# the module object used for a name that stayed: the binding cannot simply be retargeted
+STAYED = '''
+def stayed_{i}():
+    return mm_utils.something_that_stayed
+'''
+
+# statements that must go through libcst (each for a reason in ``simple_uses``)
+REFUSED = [
+    '''
+def local_{i}(mm_utils=None):
+    return mm_utils.get_embedding_chunk
+''',
+    '''
+def rebinds_{i}():
+    global embedding_cache
+    embedding_cache = None
+''',
+    '''
+def stores_{i}():
+    mm_utils.embedding_cache = {i}
+''',
+    '''
+def split_{i}():
+    return (mm_utils
+            .get_embedding_chunk)
+''',
+    '''
+def parenthesised_{i}(f):
+    return f((mm_utils.get_embedding_chunk), [(embedding_cache)])
+''',
+    '''
+def commented_{i}(f):
+    return f(  # the old module
+        mm_utils.get_embedding_chunk)
+''',
+    '''
+def keyword_{i}():
+    return dict(get_embedding_chunk={i})
+''',
+    '''
+def imports_{i}():
+    from sglang.srt.managers.mm_utils import _is_hip
+    return _is_hip
+''',
+    '''
+def formatted_{i}():
+    return f"{{mm_utils.get_embedding_chunk}}"
+''',
+    '''
+def doctest_{i}():
+    """>>> mm_utils.get_embedding_chunk(1)"""
+''',
+    '''
+def shadowed_{i}():
+    for embedding_cache in range(2):
+        pass
+    return embedding_cache, mm_utils.get_embedding_chunk
+''',
+    '''
+def lambda_{i}(f):
+    return f(lambda mm_utils: mm_utils.get_embedding_chunk)
+''',
+    '''
+__all__ = ["get_embedding_chunk"]
+''',
+    '''
+def quoted_{i}():
+    def inner(value: "mm_utils.PerImageRequestInfo"):
+        return value
+    return inner
+''',
+]
+
+# a patch target read through a constant: kept for libcst by ``segments`` (the engine
+# reads constants file-wide), whatever the statement's uses look like
+CONSTANT_READER = '''
+def constant_{i}():
+    TARGET = "sglang.srt.managers.mm_utils._is_hip"
+    return mock.patch(TARGET)
+'''
+
+PLAIN = '''
+def plain_{i}(a, b=2):
+    return a + b
+'''
+
+
+def _generated(seed: int, statements: int, stayed: bool, newline: str = "\n", indent: str = "    ") -> bytes:
+    rng = random.Random(seed)
+    parts = [HEADER]
+    for i in range(statements):
+        roll = rng.random()
+        pool = SIMPLE if roll < 0.6 else [*REFUSED, CONSTANT_READER] if roll < 0.8 else [PLAIN]
+        parts.append(rng.choice(pool).format(i=i))
+        if stayed and i == statements // 2:
+            parts.append(STAYED.format(i=i))
+    text = "".join(parts).replace("    ", indent)
+    return text.replace("\n", newline).encode()
+
+
+def _fast_statements(reduced) -> int:
+    return sum(len(fast) for _, _, fast in reduced.runs)
+
+
+@pytest.mark.parametrize(("seed", "stayed", "newline", "indent"), [
+    (1, False, "\n", "    "), (2, False, "\n", "    "), (3, True, "\n", "    "), (4, True, "\n", "    "),
+    (5, False, "\r\n", "    "), (6, True, "\r", "\t"), (7, False, "\n", "\t"),
+])
+def test_simple_uses_give_what_the_whole_file_pass_gives(move_map, seed, stayed, newline, indent):
+    """Generated modules mixing simple statements, refused ones and plain ones, with CRLF,
+    lone-CR line ends and tab indentation as well."""
+    source = _generated(seed, 150, stayed, newline, indent)
+    reduced = reduce(source, move_map)
+    assert reduced is not None and _fast_statements(reduced) > 40, "the simple-use path was not taken"
+    assert len(reduced.probes) < _fast_statements(reduced), "no use was shared: nothing was copied"
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="big.py", package="app", segment_above=0)
+    assert whole.new_source is not None and len(whole.findings) > 100
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
+
+
+def test_the_probes_do_not_reach_the_output(move_map):
+    source = _generated(4, 60, False)
+    reduced = reduce(source, move_map)
+    assert reduced is not None and reduced.blocks
+    outcome = migrate_source(source, move_map, path="big.py", package="app", segment_above=0)
+    assert not re.search(rb"_mm_codemod_(probe|sink|kept)_", outcome.new_source)
+
+
+def _uses(move_map, body: str):
+    source = (HEADER + body).encode()
+    spans = statement_spans(source)
+    watched = watch_words(source, spans, move_map)
+    start, end = spans[-1]
+    return statement_uses(source[start:end], watched)
+
+
+@pytest.mark.parametrize("template", REFUSED)
+def test_what_is_not_plain_goes_through_libcst(move_map, template):
+    assert _uses(move_map, template.format(i=0)) is None
+
+
+def test_uses_are_located_in_characters_on_their_line(move_map):
+    found = _uses(move_map, SIMPLE[2].format(i=0))
+    assert found is not None
+    uses, masked = found
+    texts = [u.text for u in uses]
+    assert texts == [b"mmu._is_hip", b"mmu.PerImageRequestInfo"]
+    line = SIMPLE[2].format(i=0).lstrip("\n").splitlines()[uses[0].line - 1]
+    assert line[uses[0].column :].startswith("mmu._is_hip")  # after two non-ASCII characters
+    assert b"mmu" not in masked and b"caf" in masked
+
+
+def test_a_statement_reading_a_constant_is_left_to_libcst(move_map):
+    source = (HEADER + SIMPLE[0].format(i=0) + CONSTANT_READER.format(i=1) + SIMPLE[0].format(i=2)).encode()
+    reduced = reduce(source, move_map)
+    assert reduced is not None
+    fast = [statement.start for _, _, statements in reduced.runs for statement in statements]
+    assert len(fast) == 2 and source.index(b"def constant_1") not in fast
+    assert b"def constant_1" in reduced.source
+
+
+@pytest.mark.realworld
+def test_simple_uses_on_real_code_with_a_busier_map():
+    """Real SGLang 0.5.17 code under a map that moves widely used helpers out of
+    ``sglang.srt.utils``: many top-level functions and classes take the simple-use path,
+    and every file still comes out exactly as the whole-file pass makes it."""
+    import importlib.util
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from mm_schedule.codemods.move_map import MoveMap
+
+    path = Path(__file__).with_name("realworld_check.py")
+    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
+    rw = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, rw)
+    spec.loader.exec_module(rw)
+    names = ["add_prefix", "is_cuda", "get_bool_env_var", "is_hip", "is_npu", "_is_cuda", "make_layers",
+             "set_weight_attrs", "is_cpu", "get_device_name"]
+    move_map = MoveMap.from_dict({
+        "header": {}, "old_module": "sglang.srt.utils", "new_module": "sglang.srt.utils_next",
+        "moved": {n: {"kind": "function", "private": n.startswith("_")} for n in names},
+        "reexported": names[:2], "import_origins": {}, "rebound_globals": [], "removed": [],
+        "unmapped_imports": {},
+    })
+    files = fast = 0
+    with zipfile.ZipFile(rw.sglang_wheel("0.5.17")) as wheel:
+        for name in sorted(wheel.namelist()):
+            source = wheel.read(name) if name.endswith(".py") else b""
+            reduced = reduce(source, move_map) if b"utils" in source else None
+            if reduced is None or not _fast_statements(reduced):
+                continue
+            package = name.rsplit("/", 1)[0].replace("/", ".")
+            whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
+            parts = migrate_source(source, move_map, path=name, package=package, segment_above=0)
+            assert parts == whole, name
+            files += 1
+            fast += _fast_statements(reduced)
+            if files == 50:
+                break
+    assert files == 50 and fast > 80
+
+
+def test_module_level_uses_are_planned_between_the_statements_libcst_sees(move_map):
+    """A use in the module's own scope reads only the bindings made before it: a rebinding
+    between two such uses (a statement libcst sees) makes them two shapes."""
+    body = "".join(f"value_{i} = mm_utils.get_embedding_chunk\n" for i in range(20))
+    source = (HEADER + body + "mm_utils = mmu\n" + body.replace("value_", "later_")
+              + "".join(SIMPLE[0].format(i=i) for i in range(10))).encode()
+    reduced = reduce(source, move_map)
+    assert reduced is not None and _fast_statements(reduced) == 50
+    assert sum(1 for nested, _, _ in reduced.probes if not nested) == 2
+    whole = migrate_source(source, move_map, path="top.py", package="app", segment_above=WHOLE)
+    parts = migrate_source(source, move_map, path="top.py", package="app", segment_above=0)
+    assert whole.findings
+    assert parts.new_source == whole.new_source
+    assert parts.findings == whole.findings
+
+
+@pytest.mark.parametrize("template", SIMPLE)
+def test_plain_statements_take_the_simple_use_path(move_map, template):
+    found = _uses(move_map, template.format(i=0))
+    assert found is not None and found[0]
+
+
+def test_comments_are_blanked_but_not_what_strings_hold():
+    from mm_schedule.codemods.source_text import without_comments
+
+    text = b"x = 1  # mm_utils\ny = '# no comment'  # two\r\nz = '''a # b\n''' # c\rw = 'unclosed # d"
+    blanked = without_comments(text)
+    assert len(blanked) == len(text)
+    assert b"mm_utils" not in blanked and b"two" not in blanked and b"# c" not in blanked
+    assert b"'# no comment'" in blanked and b"'''a # b\n'''" in blanked
+    assert blanked.endswith(b"'unclosed # d")  # a string it cannot close stops the blanking
