@@ -22,6 +22,16 @@ from ..errors import MoveMapError
 from .config import Config, ConfigError, find_config
 from .diffs import patch_path, unified_diff
 from .discovery import Discovery, discover, shown
+from .exit_status import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_REMAINING,
+    EXIT_STATUS_HELP,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    UsageParser,
+)
 from .failures import Failure, os_reason
 from .fidelity import at_risk, keep_untouched_lines
 from .move_map import MoveMap, load_map
@@ -33,25 +43,6 @@ from .transform import fork_warnings, migrate_source
 from .workers import Outcome, Task, WorkerPool
 from .writing import FileChanged, Snapshot, TempGuard, read_snapshot, replace, unwritable_reason
 
-EXIT_OK, EXIT_REMAINING, EXIT_FAILED, EXIT_USAGE = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
-EXIT_STATUS_HELP = """\
-exit status:
-  0    nothing left to do
-  1    changes or findings remain (--check, --diff), or findings that need a
-       person remain (--write)
-  2    some paths could not be processed, and every other file was: each is
-       listed with its MMS9xx code (a missing path, a broken or looping symlink,
-       an unreadable file or folder, a file name that is not UTF-8, a file that
-       cannot be parsed, crashes the parser, times out, cannot be written or
-       keeps changing during the run)
-  3    the run did not start and no file was read or written: a bad option, an
-       empty path, a malformed move map or [tool.mm-schedule-codemod] table, a
-       --json path that cannot be written
-  130  interrupted (Ctrl-C)
-  143  terminated (SIGTERM)
-       (either way each file is as it was or fully migrated)
-"""
 _RETRIES = 1  # times a file edited during the run is read and migrated again
 
 
@@ -61,12 +52,6 @@ class UsageError(Exception):
 
 class _Terminated(BaseException):
     """SIGTERM, turned into an exception so the run stops between two files."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def _positive(kind: type, what: str):
@@ -84,7 +69,7 @@ def _positive(kind: type, what: str):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = UsageParser(
         prog="mm-schedule-codemod",
         description=(
             "Migrate code across a module split (default: SGLang's\n"

@@ -42,6 +42,7 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from ..errors import MoveMapError
+from .exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, EXIT_USAGE, UsageParser
 from .move_map import MovedName, MoveMap, load_map
 from .writing import unwritable_reason
 
@@ -597,7 +598,7 @@ def derive_from_wheels(
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(
         prog=PROG,
         description="Derive a codemod move map from two versions of a module's source (by AST).",
     )
@@ -661,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         checked = load_map(args.check) if args.check else None
     except MoveMapError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
 
     text = derived.to_json()
     if args.output:
@@ -673,15 +674,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             print(f"{PROG}: error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
+            return EXIT_FAILED
     elif checked is None:
         sys.stdout.write(text)
 
     if checked is None:
-        return 0
+        return EXIT_OK
     if checked == derived:
         print(f"{args.check}: up to date with {derived.header['command']}", file=sys.stderr)
-        return 0
+        return EXIT_OK
     diff = difflib.unified_diff(
         _content(checked).splitlines(keepends=True), _content(derived).splitlines(keepends=True),
         fromfile=f"{args.check} (checked in)", tofile="derived",
@@ -689,7 +690,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.stdout.writelines(diff)
     print(f"{args.check}: differs from the derived map (drift); regenerate with: "
           f"{derived.header['command']} -o {args.check}", file=sys.stderr)
-    return 1
+    return EXIT_REMAINING
 
 
 if __name__ == "__main__":

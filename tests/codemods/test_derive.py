@@ -498,7 +498,7 @@ def test_cli_refuses_an_output_it_cannot_write_before_deriving(tmp_path, capsys,
     monkeypatch.setattr(derive, "derive_map", lambda *a, **k: pytest.fail("derived anyway"))
     with pytest.raises(SystemExit) as exit_info:
         derive.main([*args, "-o", str(out)])
-    assert exit_info.value.code == 2
+    assert exit_info.value.code == 3  # a usage error, as for the migration command: nothing touched
     assert f"error: -o {out}: {reason}\n" in capsys.readouterr().err
 
 
@@ -535,15 +535,17 @@ def test_cli_check_reports_drift(tmp_path, capsys):
     assert "drift" in captured.err
 
 
-def test_cli_errors_exit_2(tmp_path, capsys):
+def test_cli_input_errors_exit_3_like_the_migration_command(tmp_path, capsys):
+    """Unreadable inputs and bad options are usage errors (status 3: nothing was written),
+    the migration command's numbering; a failed write of the result is status 2."""
     args = _cli_files(tmp_path)
-    assert derive.main([*args, "--check", str(tmp_path / "missing.json")]) == 2
+    assert derive.main([*args, "--check", str(tmp_path / "missing.json")]) == 3
     assert "cannot read move map" in capsys.readouterr().err
     assert derive.main(["--old", str(tmp_path / "none.py"), "--new", "b.py", "--old-module", "a",
-                        "--new-module", "b"]) == 2
+                        "--new-module", "b"]) == 3
     with pytest.raises(SystemExit) as info:
         derive.main(["--old", "a.py"])
-    assert info.value.code == 2
+    assert info.value.code == 3
 
 
 def test_runs_as_a_module(tmp_path):
