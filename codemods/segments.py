@@ -9,8 +9,10 @@ those words are all simple shapes (``simple_uses``) is replaced as well, and one
 each distinct use goes into a probe block (a function for uses in nested scopes, plain
 module-level lines for the others) placed before the marker of the first statement
 using it. A function that imports the old module itself is a pattern: one probe function
-per distinct sequence of its imports and uses, each import followed by a gap line so that
-however the engine rewrites it (one import may become two) its new lines are found. The reduced module goes through the engine unchanged; the markers
+per distinct sequence of its imports and uses, indented as the function's body (the
+engine wraps a long import by its length on the line), each import followed by a gap line
+so that however the engine rewrites it (one import may become two) its new lines are
+found. The reduced module goes through the engine unchanged; the markers
 are swapped back for the original bytes, with every simple use rewritten the way the
 engine rewrote its probe copy, and the probe's findings are repeated at every use.
 
@@ -211,7 +213,8 @@ class Reduced:
     # (nested, kind, text) of each shape; a use in a nested scope reads the same bindings
     # anywhere, one in the module's scope only those made before it, so the latter is a
     # shape of its own in each run (no kept statement, so no binding, between its uses).
-    # A pattern's kind is "local" and its text the (kind, text) of each of its uses.
+    # A pattern's kind is "local" and its text (its body's indentation, the (kind, text)
+    # of each of its uses).
     probes: list[tuple[bool, str, bytes | tuple[tuple[str, bytes], ...]]] = field(default_factory=list)
     blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
     # reduced line -> (shape, which use of a pattern (else 0), which of the use's lines)
@@ -233,9 +236,12 @@ class Reduced:
             if place is not None:
                 shape, entry, below = place
                 nested, kind, text = self.probes[shape]
-                kind = text[entry][0] if kind == "local" else kind
+                indent = b"    "
+                if kind == "local":
+                    indent, entries = text
+                    kind = entries[entry][0]
                 # the first line is shifted by the probe's prefix, the others are as written
-                start = len(_entry_prefix(nested, kind, self.token)) + 1 if below == 0 else 1
+                start = len(_entry_prefix(nested, kind, self.token, indent)) + 1 if below == 0 else 1
                 if finding.column < start:
                     return None
                 per_shape.setdefault((shape, entry), []).append((below, finding.column - start, finding))
@@ -257,11 +263,10 @@ class Reduced:
 
     def _read_probes(self, new_source: bytes) -> tuple[bytes, list] | None:
         """``new_source`` without the probe blocks, and each shape's rewritten text (for
-        a pattern, a list with one item per use; an import's item is its new lines)."""
+        a pattern, a list with one item per use)."""
         if not self.blocks:
             return new_source, []
         head = re.compile(f"(?:def )?_mm_codemod_probe_{self.token}_([0-9]+)(?:\\(\\):)?(?:\r\n|\r|\n)".encode())
-        gap = re.compile(f"    _mm_codemod_gap_{self.token}(?:\r\n|\r|\n)".encode())
         rewritten: list = [None] * len(self.probes)
         pieces, pos, seen = [], 0, []
         for match in head.finditer(new_source):
@@ -276,17 +281,19 @@ class Reduced:
                         return None
                     rewritten[shape], pos = read
                     continue
+                indent, entries = text
+                gap = re.compile(re.escape(indent) + f"_mm_codemod_gap_{self.token}(?:\r\n|\r|\n)".encode())
                 items = []
-                for entry_kind, entry_text in text:
+                for entry_kind, entry_text in entries:
                     if entry_kind == "import":
-                        read = _read_import(new_source, pos, gap)
+                        read = _read_import(new_source, pos, gap, indent)
                     else:
-                        read = self._read_entry(new_source, pos, True, entry_kind, entry_text)
+                        read = self._read_entry(new_source, pos, True, entry_kind, entry_text, indent)
                     if read is None:
                         return None
                     item, pos = read
                     items.append(item)
-                if not self._invents_nothing(text, items):
+                if not _invents_nothing(indent, entries, items):
                     return None
                 rewritten[shape] = items
         pieces.append(new_source[pos:])
@@ -294,7 +301,9 @@ class Reduced:
             return None
         return b"".join(pieces), rewritten
 
-    def _read_entry(self, new_source: bytes, pos: int, nested: bool, kind: str, text: bytes) -> tuple[bytes, int] | None:
+    def _read_entry(
+        self, new_source: bytes, pos: int, nested: bool, kind: str, text: bytes, indent: bytes = b"    "
+    ) -> tuple[bytes, int] | None:
         """The rewritten text of one use's probe line(s) at ``pos``, and where they end."""
         lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
         ends = list(itertools.islice(LINE_END.finditer(new_source, pos), lines))
@@ -302,7 +311,7 @@ class Reduced:
             return None
         end = ends[-1]
         entry = new_source[pos : end.start()]
-        prefix = _entry_prefix(nested, kind, self.token)
+        prefix = _entry_prefix(nested, kind, self.token, indent)
         if not entry.startswith(prefix):
             return None
         if kind == "arg":
@@ -312,15 +321,6 @@ class Reduced:
         if entry[len(prefix) :] != text:
             return None
         return text, end.end()
-
-    def _invents_nothing(self, entries: tuple[tuple[str, bytes], ...], items: list) -> bool:
-        """Whether the engine's rewrite of a pattern's imports binds no name they did not
-        bind: a name the engine invents is numbered file-wide, so one probe would not
-        stand for many functions. (A use may read a name invented at module level: that
-        binding is one for the whole file.)"""
-        bound_before = _import_bindings([text for kind, text in entries if kind == "import"])
-        bound_after = _import_bindings([c for (kind, _), item in zip(entries, items) if kind == "import" for c, _ in item])
-        return bound_after is not None and bound_before is not None and bound_after <= bound_before
 
     def restore(self, new_source: bytes, rewritten: list) -> bytes | None:
         """``new_source`` with every marker swapped back (simple uses rewritten as their
@@ -345,9 +345,6 @@ class Reduced:
                 new = rewritten[shape]
                 if self.probes[shape][1] == "local":
                     new = new[i]
-                    if use.kind == "import":  # its lines, indented as the function's body
-                        new = new[0][0] + b"".join(
-                            ending + use.indent + line for (_, ending), (line, _) in itertools.pairwise(new))
                 if new != use.text:
                     pieces.append(self.original[pos : statement.start + use.start])
                     pieces.append(new)
@@ -369,28 +366,39 @@ class Reduced:
             self._extra.append(total)
 
 
-def _read_import(new_source: bytes, pos: int, gap: re.Pattern[bytes]) -> tuple[list[tuple[bytes, bytes]], int] | None:
-    """A pattern's import as the engine rewrote it: the (text, line end) of each line up
-    to the gap line after it, without the probe's indentation; None unless every line
-    is indented as the probe's body and there is at least one."""
+def _read_import(new_source: bytes, pos: int, gap: re.Pattern[bytes], indent: bytes) -> tuple[bytes, int] | None:
+    """A pattern's import as the engine rewrote it (the lines up to the gap line after
+    it, less the first one's indentation and the last one's end), and where the gap line
+    ends; None unless there is at least one line, each indented at least as the body."""
     found = gap.search(new_source, pos)
     if found is None or found.start() == pos:
         return None
-    lines = []
-    for line in LINE_END.split(new_source[pos : found.start()])[:-1]:
-        if not line.startswith(b"    ") or line[4:5] in (b" ", b"\t"):
-            return None
-        lines.append(line[4:])
-    endings = LINE_END.findall(new_source, pos, found.start())
-    return list(zip(lines, endings)), found.end()
+    region = new_source[pos : found.start()]
+    lines = LINE_END.split(region)
+    if lines[-1] or not all(line.startswith(indent) for line in lines[:-1]):
+        return None
+    last_end = list(LINE_END.finditer(region))[-1]
+    return region[len(indent) : last_end.start()], found.end()
 
 
-def _import_bindings(lines: list[bytes]) -> set[str] | None:
-    """The names the import statements ``lines`` bind; None if one does not parse."""
+def _invents_nothing(indent: bytes, entries: tuple[tuple[str, bytes], ...], items: list) -> bool:
+    """Whether the engine's rewrite of a pattern's imports binds no name they did not
+    bind: a name the engine invents is numbered file-wide, so one probe would not stand
+    for many functions. (A use may read a name invented at module level: that binding
+    is one for the whole file.)"""
+    before = _import_bindings([text for kind, text in entries if kind == "import"], indent)
+    after = _import_bindings([item for (kind, _), item in zip(entries, items) if kind == "import"], indent)
+    return after is not None and before is not None and after <= before
+
+
+def _import_bindings(texts: list[bytes], indent: bytes) -> set[str] | None:
+    """The names the import statements ``texts`` (their lines after the first indented
+    by ``indent``) bind; None if one does not parse as imports."""
     out = set()
-    for line in lines:
+    for text in texts:
+        lines = LINE_END.split(text)
         try:
-            tree = ast.parse(line)
+            tree = ast.parse(b"\n".join([lines[0], *(line[len(indent) :] for line in lines[1:])]))
         except (SyntaxError, ValueError):
             return None
         for node in tree.body:
@@ -400,11 +408,11 @@ def _import_bindings(lines: list[bytes]) -> set[str] | None:
     return out
 
 
-def _entry_prefix(nested: bool, kind: str, token: str) -> bytes:
+def _entry_prefix(nested: bool, kind: str, token: str, indent: bytes = b"    ") -> bytes:
     """How a probe line starts: indented in a probe function for a nested use, at the
     module's level otherwise; an expression is passed to a sink call (so a string is not
-    taken for a docstring), a statement string stands alone."""
-    indent = b"    " if nested else b""
+    taken for a docstring), a statement string or an import stands alone."""
+    indent = indent if nested else b""
     return indent + f"_mm_codemod_sink_{token}(".encode() if kind == "arg" else indent
 
 
@@ -460,7 +468,9 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
         if uses is not None:
             run = len(runs) - 1
             if any(u.kind == "import" for u in uses):  # a pattern: one shape for all its uses
-                keys = [shapes.setdefault((-1, "local", tuple((u.kind, u.text) for u in uses)), len(shapes))] * len(uses)
+                indent = next(u.indent for u in uses if u.kind == "import")
+                pattern = (indent, tuple((u.kind, u.text) for u in uses))
+                keys = [shapes.setdefault((-1, "local", pattern), len(shapes))] * len(uses)
             else:
                 keys = [shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)) for u in uses]
             runs[-1][2].append(FastStatement(start, line, uses, keys))
@@ -505,15 +515,15 @@ def _build(source: bytes, runs: list[list], probes: list, skipped: set[bytes]) -
             block += 1
             for shape in group:
                 _, kind, text = probes[shape]
-                entries = text if kind == "local" else ((kind, text),)
+                indent, entries = text if kind == "local" else (b"    ", ((kind, text),))
                 for entry, (entry_kind, entry_text) in enumerate(entries):
-                    pieces.append(_entry_prefix(nested, entry_kind, token) + entry_text
+                    pieces.append(_entry_prefix(nested, entry_kind, token, indent) + entry_text
                                   + (b")" if entry_kind == "arg" else b"") + newline.group())
                     for below in range(_count_lines(entry_text) + 1):
                         probe_lines[line + block] = (shape, entry, below)
                         block += 1
                     if entry_kind == "import":  # then the line that shows where its rewrite ends
-                        pieces.append(f"    _mm_codemod_gap_{token}".encode() + newline.group())
+                        pieces.append(indent + f"_mm_codemod_gap_{token}".encode() + newline.group())
                         probe_heads.add(line + block)
                         block += 1
         line += block
