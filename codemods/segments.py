@@ -10,7 +10,7 @@ each distinct use goes into a probe block (a function for uses in nested scopes,
 module-level lines for the others) placed before the marker of the first statement
 using it. A function that imports the old module itself is a pattern: one probe function
 per distinct sequence of its imports and uses, indented as the function's body (the
-engine wraps a long import by its length on the line), each import followed by a gap line
+lines of an import the engine wraps are indented from it), each import followed by a gap line
 so that however the engine rewrites it (one import may become two) its new lines are
 found. The reduced module goes through the engine unchanged; the markers
 are swapped back for the original bytes, with every simple use rewritten the way the
@@ -371,7 +371,7 @@ def _read_import(new_source: bytes, pos: int, gap: re.Pattern[bytes], indent: by
     it, less the first one's indentation and the last one's end), and where the gap line
     ends; None unless there is at least one line, each indented at least as the body."""
     found = gap.search(new_source, pos)
-    if found is None or found.start() == pos:
+    if found is None or found.start() == pos or new_source[found.start() - 1] not in b"\r\n":
         return None
     region = new_source[pos : found.start()]
     lines = LINE_END.split(region)
@@ -443,7 +443,7 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
     local_imports = LocalImports.for_map(move_map)
     readers = constant_readers(source, spans)
     skipped: set[bytes] = set()
-    shapes: dict[tuple[int, str, bytes], int] = {}
+    shapes: dict[tuple[int, str, bytes | tuple], int] = {}
     runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
     line, pos = 1, 0
     for k, (start, end) in enumerate(spans):

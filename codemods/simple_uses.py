@@ -64,7 +64,7 @@ class Use:
     end: int
     line: int  # 1-based, within the statement
     column: int  # 0-based, in characters
-    indent: bytes = b""  # an import's indentation (its probe gets the same: how the engine wraps depends on it)
+    indent: bytes = b""  # an import's indentation (its probe's is the same: a wrapped import's lines follow it)
 
 
 @dataclass(frozen=True)
