@@ -194,7 +194,8 @@ class FastStatement:
     start: int  # byte offset in the file
     line: int  # 1-based line of the file it starts on
     uses: list[Use]
-    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape (a pattern's, for all its uses)
+    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape (for a use in a pattern, the pattern's)
+    entries: list[int]  # which use of its pattern each use is (0 for the others)
 
 
 @dataclass
@@ -252,8 +253,7 @@ class Reduced:
         if per_shape:
             for _start, _end, fast in self.runs:
                 for statement in fast:
-                    for k, (use, shape) in enumerate(zip(statement.uses, statement.shapes)):
-                        entry = k if self.probes[shape][1] == "local" else 0
+                    for use, shape, entry in zip(statement.uses, statement.shapes, statement.entries):
                         for below, offset, finding in per_shape.get((shape, entry), ()):
                             column = use.column + 1 + offset if below == 0 else 1 + offset
                             out.append(replace(finding, line=statement.line + use.line - 1 + below, column=column))
@@ -341,10 +341,10 @@ class Reduced:
         start, end, fast = self.runs[k]
         pieces, pos = [], start
         for statement in fast:
-            for i, (use, shape) in enumerate(zip(statement.uses, statement.shapes)):
+            for use, shape, entry in zip(statement.uses, statement.shapes, statement.entries):
                 new = rewritten[shape]
                 if self.probes[shape][1] == "local":
-                    new = new[i]
+                    new = new[entry]
                 if new != use.text:
                     pieces.append(self.original[pos : statement.start + use.start])
                     pieces.append(new)
@@ -467,13 +467,24 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
         runs[-1][1] = end
         if uses is not None:
             run = len(runs) - 1
-            if any(u.kind == "import" for u in uses):  # a pattern: one shape for all its uses
-                indent = next(u.indent for u in uses if u.kind == "import")
-                pattern = (indent, tuple((u.kind, u.text) for u in uses))
-                keys = [shapes.setdefault((-1, "local", pattern), len(shapes))] * len(uses)
-            else:
-                keys = [shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)) for u in uses]
-            runs[-1][2].append(FastStatement(start, line, uses, keys))
+            # the uses in a function body with its own imports of the old module form a
+            # pattern: one shape for all of them, keyed by their indentation and texts
+            members: dict[int, list[Use]] = {}
+            for u in uses:
+                if u.pattern >= 0:
+                    members.setdefault(u.pattern, []).append(u)
+            patterns = {k: (next(u.indent for u in group if u.kind == "import"), tuple((u.kind, u.text) for u in group))
+                        for k, group in members.items()}
+            keys, entries, seen = [], [], dict.fromkeys(members, 0)
+            for u in uses:
+                if u.pattern < 0:
+                    keys.append(shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)))
+                    entries.append(0)
+                else:
+                    keys.append(shapes.setdefault((-1, "local", patterns[u.pattern]), len(shapes)))
+                    entries.append(seen[u.pattern])
+                    seen[u.pattern] += 1
+            runs[-1][2].append(FastStatement(start, line, uses, keys, entries))
     return _build(source, runs, [(scope < 0, kind, text) for scope, kind, text in shapes], skipped)
 
 

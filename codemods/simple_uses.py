@@ -13,11 +13,13 @@ finds such uses with CPython's ``ast`` (no libcst) and says where they are; ``se
 then hands libcst one copy of each distinct use and copies the outcome (rewrite and
 findings) to every place it occurs.
 
-A top-level function may also import the old module itself (a lazy import): ``from
-<old> import name, ...`` or ``import <old> as alias`` directly in its body, on a line of
-its own. Its uses then read the function's own bindings, so the function is planned as a
-whole pattern: ``segments`` hands libcst one probe function holding the same imports and
-uses in the same order and copies the outcome to every function of that pattern. Only
+A top-level function, or a method of a top-level class, may also import the old module
+itself (a lazy import): ``from <old> import name, ...`` or ``import <old> as alias``
+directly in its body, on a line of its own. The uses in its body then read the function's
+own bindings, so the body is planned as a whole pattern: ``segments`` hands libcst one
+probe function holding the same imports and uses in the same order and copies the
+outcome to every function of that pattern (its decorators, defaults and annotations are
+read outside it, and stay simple uses of their own). Only
 shapes that make the engine invent no name in the function qualify: no imported name is
 a rebound global (that needs a module alias) or one the old module lost, and an alias of
 the module is only ever read as ``alias.<moved name>``.
@@ -65,6 +67,7 @@ class Use:
     line: int  # 1-based, within the statement
     column: int  # 0-based, in characters
     indent: bytes = b""  # an import's indentation (its probe's is the same: a wrapped import's lines follow it)
+    pattern: int = -1  # which function with its own imports of the old module it sits in, if any
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def statement_uses(
     """The simple uses in one top-level statement and the statement's text with them
     blanked out, or None when the statement has to go through libcst. With
     ``local_imports``, a top-level function's own imports of the old module are uses too
-    (kind "import"); the statement is then a pattern, planned as a whole."""
+    (kind "import"), and the uses in such a function's body are its pattern's."""
     try:
         tree = ast.parse(chunk)
     except (SyntaxError, ValueError):
@@ -106,7 +109,7 @@ def statement_uses(
         finder.visit(tree.body[0], False, False, None)
     except _Refused:
         return None
-    if finder.local_names and not finder.pattern_ok():
+    if finder.patterns and not finder.patterns_ok():
         return None
     # A watched word outside the uses and comments (a binding of one, a keyword
     # argument's name) sends the statement to libcst. Only watched names can reach the map's modules (an
@@ -145,8 +148,11 @@ class _Finder:
         self.chunk = chunk
         self.watched = watched
         self.local_imports = local_imports
-        self.local_names: set[str] = set()  # bound by the function's own imports
-        self.local_modules: set[str] = set()  # those of them bound to the old module
+        # (names its own imports bind, those of them bound to the old module) of each
+        # function planned as a pattern, and the one whose body is being walked
+        self.patterns: list[tuple[set[str], set[str]]] = []
+        self.pattern = -1
+        self.top: ast.AST | None = None
         self.chain_starts: set[int] = set()  # where the uses that are names or attribute reads start
         self.line_starts = [0] + [m.end() for m in LINE_END.finditer(chunk)]
         # where the watched words are (whole words never straddle a node's edge)
@@ -177,7 +183,7 @@ class _Finder:
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
         indent = self.chunk[line_start:start] if kind == "import" else b""
-        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column, indent))
+        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column, indent, self.pattern))
         if not isinstance(node, (ast.Name, ast.Attribute)) and any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
             raise _Refused  # it would bind a name in the statement's scope
 
@@ -219,6 +225,8 @@ class _Finder:
                 self.visit(default, nested, False, None)
 
     def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+        if self.top is None:
+            self.top = node
         if hasattr(node, "end_col_offset") and not self._mentions(node):
             return
         if isinstance(node, _REFUSED):
@@ -235,11 +243,17 @@ class _Finder:
             self._arguments(node.args, nested)
             if node.returns is not None:
                 self.visit(node.returns, nested, True, node)
+            outer = self.pattern
+            if node is self.top or (parent is self.top and isinstance(parent, ast.ClassDef)):
+                if any(isinstance(s, (ast.Import, ast.ImportFrom)) and self._mentions(s) for s in node.body):
+                    self.pattern = len(self.patterns)
+                    self.patterns.append((set(), set()))
             for statement in node.body:
-                if parent is None and isinstance(statement, (ast.Import, ast.ImportFrom)) and self._mentions(statement):
+                if self.pattern != outer and isinstance(statement, (ast.Import, ast.ImportFrom)) and self._mentions(statement):
                     self._local_import(statement)
                 else:
                     self.visit(statement, True, False, node)
+            self.pattern = outer
             return
         if isinstance(node, ast.Lambda):
             self._arguments(node.args, nested)
@@ -276,19 +290,18 @@ class _Finder:
             elif isinstance(value, ast.AST) and not isinstance(value, _NO_TEXT):
                 self.visit(value, nested, in_annotation, node)
 
-    def pattern_ok(self) -> bool:
-        """Whether a function with its own imports of the old module can be planned as a
-        pattern: every use inside its body, an alias of the module read only as
-        ``alias.<moved name>`` (anything else makes the engine invent a second alias)."""
+    def patterns_ok(self) -> bool:
+        """Whether the functions with their own imports of the old module can be planned
+        as patterns: an alias of the module read only as ``alias.<moved name>`` in the
+        body that imports it (anything else makes the engine invent a second alias)."""
         for use in self.uses:
-            if not use.nested:
-                return False  # a decorator, default or annotation reads the module's scope
-            if use.kind == "import":
+            if use.pattern < 0 or use.kind == "import":
                 continue
+            local_modules = self.patterns[use.pattern][1]
             words = [w.decode() for w in _WORDS.findall(use.text)]
-            if any(w in self.local_modules for w in words[1:]):
+            if any(w in local_modules for w in words[1:]):
                 return False
-            if words[0] in self.local_modules and (
+            if words[0] in local_modules and (
                 use.start not in self.chain_starts or len(words) < 2
                 or words[1] not in self.local_imports.module_attributes
             ):
@@ -314,13 +327,14 @@ class _Finder:
         line_end = self.line_starts[node.lineno] if node.lineno < len(self.line_starts) else len(self.chunk)
         if self.chunk[line_start:start].strip(b" \t\f") or self.chunk[end:line_end].strip(b" \t\f\r\n"):
             raise _Refused  # not a line of its own (a comment, a semicolon, another statement)
+        local_names, local_modules = self.patterns[self.pattern]
         for alias in node.names:
             name = alias.asname or alias.name
-            if name in self.local_names:
+            if name in local_names:
                 raise _Refused  # bound twice: which binding a use reads depends on more than order
-            self.local_names.add(name)
+            local_names.add(name)
             if isinstance(node, ast.Import):
-                self.local_modules.add(name)
+                local_modules.add(name)
         self._use(node, "import", True, False)
 
     def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:

@@ -354,8 +354,31 @@ def test_comments_are_blanked_but_not_what_strings_hold():
     assert blanked.endswith(b"'unclosed # d")  # a string it cannot close stops the blanking
 
 
-# functions importing the old module themselves (lazy imports): planned as patterns
+# functions and methods importing the old module themselves (lazy imports): planned as patterns
 LOCAL = [
+    '''
+@mock.patch("sglang.srt.managers.mm_utils._is_hip")
+def decorated_local_{i}(patched, value=mm_utils._is_hip) -> mm_utils.PerImageRequestInfo:
+    from sglang.srt.managers.mm_utils import get_embedding_chunk
+    return patched, get_embedding_chunk, value
+''',
+    '''
+class Lazy{i}(mmu.PerImageRequestInfo):
+    """Methods that import the old module when called."""
+
+    cache = mm_utils.embedding_cache
+
+    def method(self, x=get_embedding_chunk):
+        from sglang.srt.managers.mm_utils import get_embedding_chunk
+        return get_embedding_chunk(x)
+
+    async def other(self):
+        import sglang.srt.managers.mm_utils as m
+        return m.get_embedding_chunk, get_embedding_chunk, mm_utils.get_embedding_chunk
+
+    def plain(self):
+        return get_embedding_chunk
+''',
     '''
 def lazy_{i}(x):
     from sglang.srt.managers.mm_utils import get_embedding_chunk, something_that_stayed
@@ -375,6 +398,13 @@ def later_{i}(x):
     def inner():
         return chunk(y), {{MultimodalDataItem: chunk}}
     return inner
+''',
+    '''
+class Attribute{i}:
+    def method(self):
+        import sglang.srt.managers.mm_utils as m
+        return m.get_embedding_chunk
+    later = m.something_that_stayed  # the module-level name, not the method's
 ''',
     '''
 def long_{i}(x):
@@ -461,22 +491,17 @@ def twice_{i}(flag):
     return get_embedding_chunk
 ''',
     '''
-@mock.patch("sglang.srt.managers.mm_utils._is_hip")
-def decorated_local_{i}(patched):
-    from sglang.srt.managers.mm_utils import get_embedding_chunk
-    return patched, get_embedding_chunk
-''',
-    '''
 def rebinds_local_{i}():
     from sglang.srt.managers.mm_utils import get_embedding_chunk
     get_embedding_chunk = None
     return get_embedding_chunk
 ''',
     '''
-class Lazy{i}:
-    def method(self):
+def inner_import_{i}():
+    def inner():
         from sglang.srt.managers.mm_utils import get_embedding_chunk
         return get_embedding_chunk
+    return inner
 ''',
 ]
 
