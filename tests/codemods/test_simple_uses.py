@@ -606,3 +606,18 @@ def mixed_{i}(flag):
     assert _fast_statements(reduced) == 20
     whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
     assert finished == (whole.new_source, whole.findings)
+
+
+def test_each_method_that_imports_is_a_pattern_of_its_own(move_map):
+    """In a class, every method importing the old module is one pattern; what else the
+    class holds (its bases, attributes, other methods) stays simple uses shared file-wide."""
+    lazy = next(t for t in LOCAL if t.lstrip().startswith("class Lazy"))
+    source = (HEADER + "".join(lazy.format(i=i) for i in range(30)) + LOCAL_REFUSED[0].format(i=30)).encode()
+    reduced, finished = _reduced_outcome(source, move_map)
+    assert _fast_statements(reduced) == 30
+    assert [kind for _, kind, _ in reduced.probes].count("local") == 2
+    statement = next(fast[0] for _, _, fast in reduced.runs if fast)
+    in_patterns = [use.pattern for use in statement.uses if use.pattern >= 0]
+    assert sorted(set(in_patterns)) == [0, 1] and len(in_patterns) < len(statement.uses)
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    assert finished == (whole.new_source, whole.findings)
