@@ -1,11 +1,14 @@
 """One large generated file through the codemod: wall time and peak memory.
 
-Two 5 MB modules are generated (fixed seed): a *sparse* one, where one top-level
-statement in twenty uses the old module (how real modules look: a few call sites in a
-lot of other code), and a *dense* one, where every function does. Each is migrated in a
+Three 5 MB modules are generated: a *sparse* one, where one top-level statement in
+twenty uses the old module (how real modules look: a few call sites in a lot of other
+code), a *dense* one, where every function does, and a *local imports* one, where every
+function imports the old module itself (the lazy imports common in SGLang code) and
+uses what it imported. Each is migrated in a
 fresh subprocess by ``migrate_source`` as the CLI calls it (segmented: statements that
 mention none of the map's names are left out, those whose uses are all simple shapes are
-planned once per distinct use, and only the rest is parsed by libcst) and, side by side,
+planned once per distinct use, functions importing the old module once per distinct
+pattern of imports and uses, and only the rest is parsed by libcst) and, side by side,
 by the whole-file pass (``segment_above`` set past the file size: what every file got
 before). Wall time, CPU time and peak RSS come from the subprocess itself; outputs and
 findings are compared.
@@ -46,6 +49,16 @@ def use_{i}(x, y):
         c = MultimodalDataItem(a, embedding_cache)
     return a, c
 '''
+LOCAL = '''
+
+def lazy_{i}(x, y):
+    from sglang.srt.managers.mm_utils import get_embedding_chunk, MultimodalDataItem
+    import sglang.srt.managers.mm_utils as mmu
+    a = get_embedding_chunk(x, y) + mmu.get_embedding_chunk(y, x)
+    for k in range({r}):
+        a += os.path.getsize(str(k)) if k % 2 else k * {i}
+    return MultimodalDataItem(a, mmu._is_hip), {{"name": "lazy {i}", "scale": [x, y, {r}]}}
+'''
 OTHER = '''
 
 class Thing{i}:
@@ -82,11 +95,11 @@ print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": resource.getrusage(resourc
 """
 
 
-def generate(size: int, every: int) -> bytes:
-    """A module of about ``size`` bytes; every ``every``-th statement uses the old module."""
+def generate(size: int, every: int, uses: str = USES) -> bytes:
+    """A module of about ``size`` bytes; every ``every``-th statement is ``uses``."""
     parts, total, i = [HEADER], len(HEADER), 0
     while total < size:
-        text = (USES if i % every == 0 else OTHER).format(i=i, r=i % 5)
+        text = (uses if i % every == 0 else OTHER).format(i=i, r=i % 5)
         parts.append(text)
         total += len(text)
         i += 1
@@ -112,9 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-codemod-large-") as tmp:
-        for name, every in (("sparse (1 statement in 20 uses the old module)", 20), ("dense (every function does)", 1)):
-            path = Path(tmp) / f"{every}.py"
-            path.write_bytes(generate(size, every))
+        for k, (name, every, uses) in enumerate((
+            ("sparse (1 statement in 20 uses the old module)", 20, USES),
+            ("dense (every function does)", 1, USES),
+            ("local imports (every function imports the old module itself)", 1, LOCAL),
+        )):
+            path = Path(tmp) / f"{k}.py"
+            path.write_bytes(generate(size, every, uses))
             seg = run(path, 0, args.cap)
             whole = run(path, 1 << 62, args.cap)
             rows.append((name, path.stat().st_size, seg, whole))

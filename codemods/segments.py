@@ -8,7 +8,11 @@ none of the words the map cares about is replaced by one marker line; one whose 
 those words are all simple shapes (``simple_uses``) is replaced as well, and one copy of
 each distinct use goes into a probe block (a function for uses in nested scopes, plain
 module-level lines for the others) placed before the marker of the first statement
-using it. The reduced module goes through the engine unchanged; the markers
+using it. A function that imports the old module itself is a pattern: one probe function
+per distinct sequence of its imports and uses, indented as the function's body (the
+lines of an import the engine wraps are indented from it), each import followed by a gap line
+so that however the engine rewrites it (one import may become two) its new lines are
+found. The reduced module goes through the engine unchanged; the markers
 are swapped back for the original bytes, with every simple use rewritten the way the
 engine rewrote its probe copy, and the probe's findings are repeated at every use.
 
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from .findings import Finding
 from .move_map import MoveMap
 from .resolve import may_bind, parent_and_base
-from .simple_uses import Use, statement_uses
+from .simple_uses import LocalImports, Use, statement_uses
 from .source_text import LINE_END, STRING_END
 
 _SCAN = re.compile(rb"""(?P<q>'''|\"\"\"|'|")|(?P<c>\#)|(?P<o>[(\[{])|(?P<x>[)\]}])|(?P<n>\r\n|\r|\n)|(?P<b>\\(?:\r\n|\r|\n))""")
@@ -190,7 +194,8 @@ class FastStatement:
     start: int  # byte offset in the file
     line: int  # 1-based line of the file it starts on
     uses: list[Use]
-    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape
+    shapes: list[int]  # index into ``Reduced.probes`` of each use's shape (for a use in a pattern, the pattern's)
+    entries: list[int]  # which use of its pattern each use is (0 for the others)
 
 
 @dataclass
@@ -208,11 +213,13 @@ class Reduced:
     skipped_words: set[str]  # identifiers in the replaced statements
     # (nested, kind, text) of each shape; a use in a nested scope reads the same bindings
     # anywhere, one in the module's scope only those made before it, so the latter is a
-    # shape of its own in each run (no kept statement, so no binding, between its uses)
-    probes: list[tuple[bool, str, bytes]] = field(default_factory=list)
+    # shape of its own in each run (no kept statement, so no binding, between its uses).
+    # A pattern's kind is "local" and its text (its body's indentation, the (kind, text)
+    # of each of its uses).
+    probes: list[tuple[bool, str, bytes | tuple[tuple[str, bytes], ...]]] = field(default_factory=list)
     blocks: list[list[int]] = field(default_factory=list)  # shapes in each probe block
-    # reduced line -> (shape, which of the shape's lines)
-    probe_lines: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # reduced line -> (shape, which use of a pattern (else 0), which of the use's lines)
+    probe_lines: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     probe_heads: set[int] = field(default_factory=set)  # reduced lines of probe block headers
 
     def finish(self, new_source: bytes, findings: list[Finding]) -> tuple[bytes, list[Finding]] | None:
@@ -224,16 +231,21 @@ class Reduced:
             return None
         stripped, rewritten = read
         out: list[Finding] = []
-        per_shape: dict[int, list[tuple[int, int, Finding]]] = {}
+        per_shape: dict[tuple[int, int], list[tuple[int, int, Finding]]] = {}
         for finding in findings:
             place = self.probe_lines.get(finding.line)
             if place is not None:
-                shape, below = place
+                shape, entry, below = place
+                nested, kind, text = self.probes[shape]
+                indent = b"    "
+                if kind == "local":
+                    indent, entries = text
+                    kind = entries[entry][0]
                 # the first line is shifted by the probe's prefix, the others are as written
-                start = len(_entry_prefix(*self.probes[shape][:2], self.token)) + 1 if below == 0 else 1
+                start = len(_entry_prefix(nested, kind, self.token, indent)) + 1 if below == 0 else 1
                 if finding.column < start:
                     return None
-                per_shape.setdefault(shape, []).append((below, finding.column - start, finding))
+                per_shape.setdefault((shape, entry), []).append((below, finding.column - start, finding))
             elif finding.line in self.probe_heads:
                 return None
             else:
@@ -241,20 +253,21 @@ class Reduced:
         if per_shape:
             for _start, _end, fast in self.runs:
                 for statement in fast:
-                    for use, shape in zip(statement.uses, statement.shapes):
-                        for below, offset, finding in per_shape.get(shape, ()):
+                    for use, shape, entry in zip(statement.uses, statement.shapes, statement.entries):
+                        for below, offset, finding in per_shape.get((shape, entry), ()):
                             column = use.column + 1 + offset if below == 0 else 1 + offset
                             out.append(replace(finding, line=statement.line + use.line - 1 + below, column=column))
             out.sort(key=lambda f: (f.line, f.column, f.code))
         restored = self.restore(stripped, rewritten)
         return None if restored is None else (restored, out)
 
-    def _read_probes(self, new_source: bytes) -> tuple[bytes, list[bytes]] | None:
-        """``new_source`` without the probe blocks, and each shape's rewritten text."""
+    def _read_probes(self, new_source: bytes) -> tuple[bytes, list] | None:
+        """``new_source`` without the probe blocks, and each shape's rewritten text (for
+        a pattern, a list with one item per use)."""
         if not self.blocks:
             return new_source, []
         head = re.compile(f"(?:def )?_mm_codemod_probe_{self.token}_([0-9]+)(?:\\(\\):)?(?:\r\n|\r|\n)".encode())
-        rewritten: list[bytes | None] = [None] * len(self.probes)
+        rewritten: list = [None] * len(self.probes)
         pieces, pos, seen = [], 0, []
         for match in head.finditer(new_source):
             pieces.append(new_source[pos : match.start()])
@@ -262,30 +275,54 @@ class Reduced:
             seen.append(int(match.group(1)))
             for shape in self.blocks[seen[-1]] if seen[-1] < len(self.blocks) else ():
                 nested, kind, text = self.probes[shape]
-                lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
-                ends = list(itertools.islice(LINE_END.finditer(new_source, pos), lines))
-                if len(ends) < lines:
-                    return None
-                end = ends[-1]
-                entry = new_source[pos : end.start()]
-                prefix = _entry_prefix(nested, kind, self.token)
-                if not entry.startswith(prefix):
-                    return None
-                if kind == "arg":
-                    if not entry.endswith(b")"):
+                if kind != "local":
+                    read = self._read_entry(new_source, pos, nested, kind, text)
+                    if read is None:
                         return None
-                    rewritten[shape] = entry[len(prefix) : -1]
-                elif entry[len(prefix) :] == text:
-                    rewritten[shape] = text
-                else:
+                    rewritten[shape], pos = read
+                    continue
+                indent, entries = text
+                gap = re.compile(re.escape(indent) + f"_mm_codemod_gap_{self.token}(?:\r\n|\r|\n)".encode())
+                items = []
+                for entry_kind, entry_text in entries:
+                    if entry_kind == "import":
+                        read = _read_import(new_source, pos, gap, indent)
+                    else:
+                        read = self._read_entry(new_source, pos, True, entry_kind, entry_text, indent)
+                    if read is None:
+                        return None
+                    item, pos = read
+                    items.append(item)
+                if not _invents_nothing(indent, entries, items):
                     return None
-                pos = end.end()
+                rewritten[shape] = items
         pieces.append(new_source[pos:])
         if seen != list(range(len(self.blocks))) or any(r is None for r in rewritten):
             return None
         return b"".join(pieces), rewritten
 
-    def restore(self, new_source: bytes, rewritten: list[bytes]) -> bytes | None:
+    def _read_entry(
+        self, new_source: bytes, pos: int, nested: bool, kind: str, text: bytes, indent: bytes = b"    "
+    ) -> tuple[bytes, int] | None:
+        """The rewritten text of one use's probe line(s) at ``pos``, and where they end."""
+        lines = _count_lines(text) + 1  # as many as the use spans (rewrites keep them)
+        ends = list(itertools.islice(LINE_END.finditer(new_source, pos), lines))
+        if len(ends) < lines:
+            return None
+        end = ends[-1]
+        entry = new_source[pos : end.start()]
+        prefix = _entry_prefix(nested, kind, self.token, indent)
+        if not entry.startswith(prefix):
+            return None
+        if kind == "arg":
+            if not entry.endswith(b")"):
+                return None
+            return entry[len(prefix) : -1], end.end()
+        if entry[len(prefix) :] != text:
+            return None
+        return text, end.end()
+
+    def restore(self, new_source: bytes, rewritten: list) -> bytes | None:
         """``new_source`` with every marker swapped back (simple uses rewritten as their
         probes were); None if a marker is not there exactly once."""
         seen: list[int] = []
@@ -300,14 +337,17 @@ class Reduced:
             return None
         return out
 
-    def _run_text(self, k: int, rewritten: list[bytes]) -> bytes:
+    def _run_text(self, k: int, rewritten: list) -> bytes:
         start, end, fast = self.runs[k]
         pieces, pos = [], start
         for statement in fast:
-            for use, shape in zip(statement.uses, statement.shapes):
-                if rewritten[shape] != use.text:
+            for use, shape, entry in zip(statement.uses, statement.shapes, statement.entries):
+                new = rewritten[shape]
+                if self.probes[shape][1] == "local":
+                    new = new[entry]
+                if new != use.text:
                     pieces.append(self.original[pos : statement.start + use.start])
-                    pieces.append(rewritten[shape])
+                    pieces.append(new)
                     pos = statement.start + use.end
         pieces.append(self.original[pos:end])
         return b"".join(pieces)
@@ -326,11 +366,53 @@ class Reduced:
             self._extra.append(total)
 
 
-def _entry_prefix(nested: bool, kind: str, token: str) -> bytes:
+def _read_import(new_source: bytes, pos: int, gap: re.Pattern[bytes], indent: bytes) -> tuple[bytes, int] | None:
+    """A pattern's import as the engine rewrote it (the lines up to the gap line after
+    it, less the first one's indentation and the last one's end), and where the gap line
+    ends; None unless there is at least one line, each indented at least as the body."""
+    found = gap.search(new_source, pos)
+    if found is None or found.start() == pos or new_source[found.start() - 1] not in b"\r\n":
+        return None
+    region = new_source[pos : found.start()]
+    lines = LINE_END.split(region)
+    if lines[-1] or not all(line.startswith(indent) for line in lines[:-1]):
+        return None
+    last_end = list(LINE_END.finditer(region))[-1]
+    return region[len(indent) : last_end.start()], found.end()
+
+
+def _invents_nothing(indent: bytes, entries: tuple[tuple[str, bytes], ...], items: list) -> bool:
+    """Whether the engine's rewrite of a pattern's imports binds no name they did not
+    bind: a name the engine invents is numbered file-wide, so one probe would not stand
+    for many functions. (A use may read a name invented at module level: that binding
+    is one for the whole file.)"""
+    before = _import_bindings([text for kind, text in entries if kind == "import"], indent)
+    after = _import_bindings([item for (kind, _), item in zip(entries, items) if kind == "import"], indent)
+    return after is not None and before is not None and after <= before
+
+
+def _import_bindings(texts: list[bytes], indent: bytes) -> set[str] | None:
+    """The names the import statements ``texts`` (their lines after the first indented
+    by ``indent``) bind; None if one does not parse as imports."""
+    out = set()
+    for text in texts:
+        lines = LINE_END.split(text)
+        try:
+            tree = ast.parse(b"\n".join([lines[0], *(line[len(indent) :] for line in lines[1:])]))
+        except (SyntaxError, ValueError):
+            return None
+        for node in tree.body:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                return None
+            out.update(alias.asname or alias.name.split(".")[0] for alias in node.names)
+    return out
+
+
+def _entry_prefix(nested: bool, kind: str, token: str, indent: bytes = b"    ") -> bytes:
     """How a probe line starts: indented in a probe function for a nested use, at the
     module's level otherwise; an expression is passed to a sink call (so a string is not
-    taken for a docstring), a statement string stands alone."""
-    indent = b"    " if nested else b""
+    taken for a docstring), a statement string or an import stands alone."""
+    indent = indent if nested else b""
     return indent + f"_mm_codemod_sink_{token}(".encode() if kind == "arg" else indent
 
 
@@ -358,9 +440,10 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
     if watched is None:
         return None
     simple_uses = simple_uses and _utf8(source)
+    local_imports = LocalImports.for_map(move_map)
     readers = constant_readers(source, spans)
     skipped: set[bytes] = set()
-    shapes: dict[tuple[int, str, bytes], int] = {}
+    shapes: dict[tuple[int, str, bytes | tuple], int] = {}
     runs: list[list] = []  # [start, end, fast statements] of statements libcst does not need
     line, pos = 1, 0
     for k, (start, end) in enumerate(spans):
@@ -371,7 +454,7 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
             runs.append([-1, -1, []])
             continue
         if watched.search(source, start, end):
-            found = statement_uses(source[start:end], watched) if simple_uses and start > 0 else None
+            found = statement_uses(source[start:end], watched, local_imports) if simple_uses and start > 0 else None
             if found is None:
                 runs.append([-1, -1, []])
                 continue
@@ -384,12 +467,28 @@ def reduce(source: bytes, move_map: MoveMap, *, simple_uses: bool = True) -> Red
         runs[-1][1] = end
         if uses is not None:
             run = len(runs) - 1
-            keys = [shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)) for u in uses]
-            runs[-1][2].append(FastStatement(start, line, uses, keys))
+            # the uses in a function body with its own imports of the old module form a
+            # pattern: one shape for all of them, keyed by their indentation and texts
+            members: dict[int, list[Use]] = {}
+            for u in uses:
+                if u.pattern >= 0:
+                    members.setdefault(u.pattern, []).append(u)
+            patterns = {k: (next(u.indent for u in group if u.kind == "import"), tuple((u.kind, u.text) for u in group))
+                        for k, group in members.items()}
+            keys, entries, seen = [], [], dict.fromkeys(members, 0)
+            for u in uses:
+                if u.pattern < 0:
+                    keys.append(shapes.setdefault((-1 if u.nested else run, u.kind, u.text), len(shapes)))
+                    entries.append(0)
+                else:
+                    keys.append(shapes.setdefault((-1, "local", patterns[u.pattern]), len(shapes)))
+                    entries.append(seen[u.pattern])
+                    seen[u.pattern] += 1
+            runs[-1][2].append(FastStatement(start, line, uses, keys, entries))
     return _build(source, runs, [(scope < 0, kind, text) for scope, kind, text in shapes], skipped)
 
 
-def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]], skipped: set[bytes]) -> Reduced | None:
+def _build(source: bytes, runs: list[list], probes: list, skipped: set[bytes]) -> Reduced | None:
     token = secrets.token_hex(6)
     kept: list[tuple[int, int, list[FastStatement]]] = []
     pieces: list[bytes] = []
@@ -413,8 +512,12 @@ def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]
         new_shapes = list(range(next_shape, last + 1))
         block = 0  # lines the probe blocks take
         # consecutive shapes of one scope share a block (a function for nested uses, the
-        # module's level for the others), so the engine meets them in the file's order
-        for nested, group in itertools.groupby(new_shapes, key=lambda shape: probes[shape][0]):
+        # module's level for the others), so the engine meets them in the file's order;
+        # a pattern is a function of its own
+        def scope(shape: int) -> tuple[bool, int]:
+            return probes[shape][0], shape if probes[shape][1] == "local" else -1
+
+        for (nested, _), group in itertools.groupby(new_shapes, key=scope):
             group = list(group)
             head = f"_mm_codemod_probe_{token}_{len(blocks)}"
             pieces.append((f"def {head}():" if nested else head).encode() + newline.group())
@@ -423,11 +526,17 @@ def _build(source: bytes, runs: list[list], probes: list[tuple[bool, str, bytes]
             block += 1
             for shape in group:
                 _, kind, text = probes[shape]
-                pieces.append(_entry_prefix(nested, kind, token) + text + (b")" if kind == "arg" else b"")
-                              + newline.group())
-                for below in range(_count_lines(text) + 1):
-                    probe_lines[line + block] = (shape, below)
-                    block += 1
+                indent, entries = text if kind == "local" else (b"    ", ((kind, text),))
+                for entry, (entry_kind, entry_text) in enumerate(entries):
+                    pieces.append(_entry_prefix(nested, entry_kind, token, indent) + entry_text
+                                  + (b")" if entry_kind == "arg" else b"") + newline.group())
+                    for below in range(_count_lines(entry_text) + 1):
+                        probe_lines[line + block] = (shape, entry, below)
+                        block += 1
+                    if entry_kind == "import":  # then the line that shows where its rewrite ends
+                        pieces.append(indent + f"_mm_codemod_gap_{token}".encode() + newline.group())
+                        probe_heads.add(line + block)
+                        block += 1
         line += block
         next_shape = max(next_shape, last + 1)
         pieces.append(f"_mm_codemod_kept_{token}_{len(kept)}".encode() + newline.group())

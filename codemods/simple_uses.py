@@ -13,7 +13,18 @@ finds such uses with CPython's ``ast`` (no libcst) and says where they are; ``se
 then hands libcst one copy of each distinct use and copies the outcome (rewrite and
 findings) to every place it occurs.
 
-Anything less plain makes the whole statement go through libcst: an import naming a
+A top-level function, or a method of a top-level class, may also import the old module
+itself (a lazy import): ``from <old> import name, ...`` or ``import <old> as alias``
+directly in its body, on a line of its own. The uses in its body then read the function's
+own bindings, so the body is planned as a whole pattern: ``segments`` hands libcst one
+probe function holding the same imports and uses in the same order and copies the
+outcome to every function of that pattern (its decorators, defaults and annotations are
+read outside it, and stay simple uses of their own). Only
+shapes that make the engine invent no name in the function qualify: no imported name is
+a rebound global (that needs a module alias) or one the old module lost, and an alias of
+the module is only ever read as ``alias.<moved name>``.
+
+Anything less plain makes the whole statement go through libcst: any other import naming a
 watched word, a watched word bound or assigned to, a string annotation, a use in
 parentheses of its own (libcst's findings would start at the parenthesis), a walrus in
 a use, ``__all__``, an ``if`` on a version, ``sys.modules``, an f-string or bytes naming
@@ -39,6 +50,7 @@ _CALL_ENDS = ("patch.object", "patch.dict", "patch.multiple")
 _REFUSED = (ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal)
 _NEXT_TOKEN = re.compile(rb"[ \t\f\r\n]*(.)", re.S)
 _WORD_BEFORE = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\Z")
+_WORDS = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*")
 _NO_TEXT = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
 
 
@@ -47,22 +59,43 @@ class Use:
     """One use inside a statement: ``kind`` is "arg" (an expression) or "stmt" (a string
     that is a statement of its own, which the engine treats as a docstring)."""
 
-    kind: str
+    kind: str  # or "import": a function-local import of the old module, a line of its own
     text: bytes
     nested: bool  # inside a function or class body (else evaluated in the module's scope)
     start: int  # byte offsets in the statement
     end: int
     line: int  # 1-based, within the statement
     column: int  # 0-based, in characters
+    indent: bytes = b""  # an import's indentation (its probe's is the same: a wrapped import's lines follow it)
+    pattern: int = -1  # which function with its own imports of the old module it sits in, if any
+
+
+@dataclass(frozen=True)
+class LocalImports:
+    """What a function-local import of the old module may hold to be planned as a
+    pattern (see the module docstring)."""
+
+    old_module: str
+    module_attributes: frozenset[str]  # moved names an alias of the module may be read for
+    refused_names: frozenset[str]  # names a from-import of it must not hold
+
+    @classmethod
+    def for_map(cls, move_map) -> LocalImports:
+        plain = frozenset(move_map.moved) - move_map.rebound_globals
+        return cls(move_map.old_module, plain, move_map.rebound_globals | move_map.gone)
 
 
 class _Refused(Exception):
     pass
 
 
-def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use], bytes] | None:
+def statement_uses(
+    chunk: bytes, watched: re.Pattern[bytes], local_imports: LocalImports | None = None
+) -> tuple[list[Use], bytes] | None:
     """The simple uses in one top-level statement and the statement's text with them
-    blanked out, or None when the statement has to go through libcst."""
+    blanked out, or None when the statement has to go through libcst. With
+    ``local_imports``, a top-level function's own imports of the old module are uses too
+    (kind "import"), and the uses in such a function's body are its pattern's."""
     try:
         tree = ast.parse(chunk)
     except (SyntaxError, ValueError):
@@ -71,15 +104,18 @@ def statement_uses(chunk: bytes, watched: re.Pattern[bytes]) -> tuple[list[Use],
         return None
     if b"sys.modules" in chunk or b"__all__" in chunk or (b"version" in chunk.lower() and b"if" in chunk):
         return None
-    finder = _Finder(chunk, watched)
+    finder = _Finder(chunk, watched, local_imports)
     try:
         finder.visit(tree.body[0], False, False, None)
     except _Refused:
+        return None
+    if finder.patterns and not finder.patterns_ok():
         return None
     # A watched word outside the uses and comments (a binding of one, a keyword
     # argument's name) sends the statement to libcst. Only watched names can reach the map's modules (an
     # import that may bind one is watched), so no other binding in the statement changes
     # what a use means: a probe where such a name is unbound gives the same result.
+    finder.uses.sort(key=lambda use: use.start)  # the walk visits some fields out of source order
     masked = bytearray(chunk)
     for use in finder.uses:
         masked[use.start : use.end] = b" " * (use.end - use.start)
@@ -108,9 +144,16 @@ def _special_call(name: str) -> bool:
 class _Finder:
     """Walks only the parts of a statement that name a watched word."""
 
-    def __init__(self, chunk: bytes, watched: re.Pattern[bytes]) -> None:
+    def __init__(self, chunk: bytes, watched: re.Pattern[bytes], local_imports: LocalImports | None) -> None:
         self.chunk = chunk
         self.watched = watched
+        self.local_imports = local_imports
+        # (names its own imports bind, those of them bound to the old module) of each
+        # function planned as a pattern, and the one whose body is being walked
+        self.patterns: list[tuple[set[str], set[str]]] = []
+        self.pattern = -1
+        self.top: ast.AST | None = None
+        self.chain_starts: set[int] = set()  # where the uses that are names or attribute reads start
         self.line_starts = [0] + [m.end() for m in LINE_END.finditer(chunk)]
         # where the watched words are (whole words never straddle a node's edge)
         self.hit_starts, self.hit_ends = [], []
@@ -139,7 +182,8 @@ class _Finder:
             raise _Refused
         line_start = self.line_starts[node.lineno - 1]
         column = len(self.chunk[line_start:start].decode("utf-8"))
-        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column))
+        indent = self.chunk[line_start:start] if kind == "import" else b""
+        self.uses.append(Use(kind, self.chunk[start:end], nested, start, end, node.lineno, column, indent, self.pattern))
         if not isinstance(node, (ast.Name, ast.Attribute)) and any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
             raise _Refused  # it would bind a name in the statement's scope
 
@@ -181,6 +225,8 @@ class _Finder:
                 self.visit(default, nested, False, None)
 
     def visit(self, node: ast.AST, nested: bool, in_annotation: bool, parent: ast.AST | None) -> None:
+        if self.top is None:
+            self.top = node
         if hasattr(node, "end_col_offset") and not self._mentions(node):
             return
         if isinstance(node, _REFUSED):
@@ -197,8 +243,17 @@ class _Finder:
             self._arguments(node.args, nested)
             if node.returns is not None:
                 self.visit(node.returns, nested, True, node)
+            outer = self.pattern
+            if node is self.top or (parent is self.top and isinstance(parent, ast.ClassDef)):
+                if any(isinstance(s, (ast.Import, ast.ImportFrom)) and self._mentions(s) for s in node.body):
+                    self.pattern = len(self.patterns)
+                    self.patterns.append((set(), set()))
             for statement in node.body:
-                self.visit(statement, True, False, node)
+                if self.pattern != outer and isinstance(statement, (ast.Import, ast.ImportFrom)) and self._mentions(statement):
+                    self._local_import(statement)
+                else:
+                    self.visit(statement, True, False, node)
+            self.pattern = outer
             return
         if isinstance(node, ast.Lambda):
             self._arguments(node.args, nested)
@@ -235,6 +290,53 @@ class _Finder:
             elif isinstance(value, ast.AST) and not isinstance(value, _NO_TEXT):
                 self.visit(value, nested, in_annotation, node)
 
+    def patterns_ok(self) -> bool:
+        """Whether the functions with their own imports of the old module can be planned
+        as patterns: an alias of the module read only as ``alias.<moved name>`` in the
+        body that imports it (anything else makes the engine invent a second alias)."""
+        for use in self.uses:
+            if use.pattern < 0 or use.kind == "import":
+                continue
+            local_modules = self.patterns[use.pattern][1]
+            words = [w.decode() for w in _WORDS.findall(use.text)]
+            if any(w in local_modules for w in words[1:]):
+                return False
+            if words[0] in local_modules and (
+                use.start not in self.chain_starts or len(words) < 2
+                or words[1] not in self.local_imports.module_attributes
+            ):
+                return False
+        return True
+
+    def _local_import(self, node: ast.Import | ast.ImportFrom) -> None:
+        """A top-level function's own import of the old module, when it is one the
+        engine rewrites in place: recorded as a use, else refused."""
+        spec = self.local_imports
+        if spec is None or node.lineno != node.end_lineno:
+            raise _Refused
+        if isinstance(node, ast.ImportFrom):
+            if node.level or node.module != spec.old_module:
+                raise _Refused
+            if any(alias.name == "*" or alias.name in spec.refused_names for alias in node.names):
+                raise _Refused
+        elif len(node.names) != 1 or node.names[0].name != spec.old_module or node.names[0].asname is None:
+            raise _Refused
+        start = self._offset(node.lineno, node.col_offset)
+        end = self._offset(node.end_lineno, node.end_col_offset)
+        line_start = self.line_starts[node.lineno - 1]
+        line_end = self.line_starts[node.lineno] if node.lineno < len(self.line_starts) else len(self.chunk)
+        if self.chunk[line_start:start].strip(b" \t\f") or self.chunk[end:line_end].strip(b" \t\f\r\n"):
+            raise _Refused  # not a line of its own (a comment, a semicolon, another statement)
+        local_names, local_modules = self.patterns[self.pattern]
+        for alias in node.names:
+            name = alias.asname or alias.name
+            if name in local_names:
+                raise _Refused  # bound twice: which binding a use reads depends on more than order
+            local_names.add(name)
+            if isinstance(node, ast.Import):
+                local_modules.add(name)
+        self._use(node, "import", True, False)
+
     def _chain(self, node: ast.Name | ast.Attribute, nested: bool, in_annotation: bool) -> None:
         """A name, or attribute reads on one: a use when it names a watched word."""
         if _dotted(node) is None:
@@ -245,3 +347,4 @@ class _Finder:
         if not isinstance(node.ctx, ast.Load):
             raise _Refused  # a watched name bound, or an attribute of the old module set
         self._use(node, "arg", nested, in_annotation)
+        self.chain_starts.add(self.uses[-1].start)

@@ -352,3 +352,272 @@ def test_comments_are_blanked_but_not_what_strings_hold():
     assert b"mm_utils" not in blanked and b"two" not in blanked and b"# c" not in blanked
     assert b"'# no comment'" in blanked and b"'''a # b\n'''" in blanked
     assert blanked.endswith(b"'unclosed # d")  # a string it cannot close stops the blanking
+
+
+# functions and methods importing the old module themselves (lazy imports): planned as patterns
+LOCAL = [
+    '''
+@mock.patch("sglang.srt.managers.mm_utils._is_hip")
+def decorated_local_{i}(patched, value=mm_utils._is_hip) -> mm_utils.PerImageRequestInfo:
+    from sglang.srt.managers.mm_utils import get_embedding_chunk
+    return patched, get_embedding_chunk, value
+''',
+    '''
+class Lazy{i}(mmu.PerImageRequestInfo):
+    """Methods that import the old module when called."""
+
+    cache = mm_utils.embedding_cache
+
+    def method(self, x=get_embedding_chunk):
+        from sglang.srt.managers.mm_utils import get_embedding_chunk
+        return get_embedding_chunk(x)
+
+    async def other(self):
+        import sglang.srt.managers.mm_utils as m
+        return m.get_embedding_chunk, get_embedding_chunk, mm_utils.get_embedding_chunk
+
+    def plain(self):
+        return get_embedding_chunk
+''',
+    '''
+def lazy_{i}(x):
+    from sglang.srt.managers.mm_utils import get_embedding_chunk, something_that_stayed
+    return get_embedding_chunk(x, {i}), something_that_stayed
+''',
+    '''
+def aliased_{i}(x):
+    """Reads the module through its own alias."""
+    import sglang.srt.managers.mm_utils as m
+    return m.get_embedding_chunk(x), m._is_hip, mm_utils.get_embedding_chunk
+''',
+    '''
+def later_{i}(x):
+    y = x * {i}
+    from sglang.srt.managers.mm_utils import get_embedding_chunk as chunk, MultimodalDataItem
+
+    def inner():
+        return chunk(y), {{MultimodalDataItem: chunk}}
+    return inner
+''',
+    '''
+class Attribute{i}:
+    def method(self):
+        import sglang.srt.managers.mm_utils as m
+        return m.get_embedding_chunk
+    later = m.something_that_stayed  # the module-level name, not the method's
+''',
+    '''
+def long_{i}(x):
+    from sglang.srt.managers.mm_utils import get_embedding_chunk, get_embedding_and_mask, _is_hip, something_that_stayed
+    return get_embedding_chunk(x), get_embedding_and_mask, _is_hip
+''',
+    '''
+async def two_{i}(x):
+    import sglang.srt.managers.mm_utils as mmu_local
+    value = mmu_local.get_embedding_chunk(x)
+    from sglang.srt.managers.mm_utils import _is_hip
+    with mock.patch("sglang.srt.managers.mm_utils._get_multimodal_mask"):
+        return value if _is_hip else mmu_local.PerImageRequestInfo
+''',
+]
+
+# functions importing the old module in a way the engine answers with an invented name or
+# that the pattern cannot stand for: they go through libcst
+LOCAL_REFUSED = [
+    '''
+def rebound_{i}():
+    from sglang.srt.managers.mm_utils import embedding_cache
+    return embedding_cache
+''',
+    '''
+def stayed_attribute_{i}():
+    import sglang.srt.managers.mm_utils as m
+    return m.get_embedding_chunk, m.something_that_stayed
+''',
+    '''
+def module_passed_{i}(f):
+    import sglang.srt.managers.mm_utils as m
+    return f(m)
+''',
+    '''
+def module_in_call_{i}():
+    import sglang.srt.managers.mm_utils as m
+    return getattr(m, "get_embedding_chunk")
+''',
+    '''
+def no_alias_{i}():
+    import sglang.srt.managers.mm_utils
+    return sglang.srt.managers.mm_utils.get_embedding_chunk
+''',
+    '''
+def package_{i}():
+    from sglang.srt.managers import mm_utils
+    return mm_utils.get_embedding_chunk
+''',
+    '''
+def relative_{i}():
+    from .mm_utils import get_embedding_chunk
+    return get_embedding_chunk
+''',
+    '''
+def wrapped_import_{i}():
+    from sglang.srt.managers.mm_utils import (
+        get_embedding_chunk,
+    )
+    return get_embedding_chunk
+''',
+    '''
+def remarked_import_{i}():
+    from sglang.srt.managers.mm_utils import get_embedding_chunk  # lazy
+    return get_embedding_chunk
+''',
+    '''
+def semicolon_{i}():
+    from sglang.srt.managers.mm_utils import get_embedding_chunk; x = 1
+    return get_embedding_chunk, x
+''',
+    '''
+def guarded_{i}():
+    try:
+        from sglang.srt.managers.mm_utils import get_embedding_chunk
+    except ImportError:
+        get_embedding_chunk = None
+    return get_embedding_chunk
+''',
+    '''
+def twice_{i}(flag):
+    from sglang.srt.managers.mm_utils import get_embedding_chunk
+    from sglang.srt.managers.mm_utils import get_embedding_chunk
+    return get_embedding_chunk
+''',
+    '''
+def rebinds_local_{i}():
+    from sglang.srt.managers.mm_utils import get_embedding_chunk
+    get_embedding_chunk = None
+    return get_embedding_chunk
+''',
+    '''
+def inner_import_{i}():
+    def inner():
+        from sglang.srt.managers.mm_utils import get_embedding_chunk
+        return get_embedding_chunk
+    return inner
+''',
+]
+
+
+def _local_uses(move_map, body: str):
+    from mm_schedule.codemods.simple_uses import LocalImports
+
+    source = (HEADER + body).encode()
+    spans = statement_spans(source)
+    start, end = spans[-1]
+    return statement_uses(source[start:end], watch_words(source, spans, move_map), LocalImports.for_map(move_map))
+
+
+@pytest.mark.parametrize("template", LOCAL)
+def test_functions_importing_the_old_module_are_patterns(move_map, template):
+    found = _local_uses(move_map, template.format(i=0))
+    assert found is not None
+    kinds = [use.kind for use in found[0]]
+    assert "import" in kinds and "arg" in kinds
+    assert [use.start for use in found[0]] == sorted(use.start for use in found[0])
+
+
+@pytest.mark.parametrize("template", LOCAL_REFUSED)
+def test_local_imports_the_pattern_cannot_stand_for_go_through_libcst(move_map, template):
+    assert _local_uses(move_map, template.format(i=0)) is None
+
+
+def _local_generated(seed: int, statements: int, newline: str = "\n", indent: str = "    ") -> bytes:
+    rng = random.Random(seed)
+    parts = [HEADER]
+    for i in range(statements):
+        roll = rng.random()
+        pool = LOCAL if roll < 0.6 else LOCAL_REFUSED if roll < 0.75 else SIMPLE if roll < 0.9 else [PLAIN]
+        parts.append(rng.choice(pool).format(i=i))
+    # libcst drops the lone CR that ends a file, so a module ending in a marker line falls
+    # back to the whole file: end on a statement libcst sees
+    parts.append(LOCAL_REFUSED[0].format(i=statements))
+    return "".join(parts).replace("    ", indent).replace("\n", newline).encode()
+
+
+def _reduced_outcome(source: bytes, move_map):
+    """The reduced module's migration mapped back, without the whole-file fallback."""
+    from mm_schedule.codemods.transform import _libcst_pass
+
+    reduced = reduce(source, move_map)
+    assert reduced is not None
+    new_source, findings = _libcst_pass(reduced.source, move_map, "big.py", "app", reduced.skipped_words)
+    return reduced, reduced.finish(new_source, findings)
+
+
+@pytest.mark.parametrize(("seed", "newline", "indent"), [
+    (11, "\n", "    "), (12, "\n", "    "), (13, "\r\n", "    "), (14, "\r", "\t"), (15, "\n", "\t"),
+    (16, "\n", "  "),
+])
+def test_local_import_patterns_give_what_the_whole_file_pass_gives(move_map, seed, newline, indent):
+    """Generated modules mixing lazy-import functions with ones that must go through
+    libcst, simple statements and plain ones: the reduced pass itself (no fallback)
+    matches the whole file byte for byte and finding for finding."""
+    source = _local_generated(seed, 120, newline, indent)
+    reduced, finished = _reduced_outcome(source, move_map)
+    patterns = [s for _, _, fast in reduced.runs for s in fast if any(u.kind == "import" for u in s.uses)]
+    assert len(patterns) > 40, "the pattern path was not taken"
+    assert sum(1 for _, kind, _ in reduced.probes if kind == "local") < len(patterns) / 5, "patterns were not shared"
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    assert whole.new_source is not None and len(whole.findings) > 100
+    assert finished is not None, "the reduced pass fell back to the whole file"
+    assert finished == (whole.new_source, whole.findings)
+    assert not re.search(rb"_mm_codemod_(probe|sink|kept|gap)_", finished[0])
+    # a rewritten import too long for its line is wrapped, continuation lines indented from the body
+    assert (indent + "from sglang.srt.managers.mm_schedule import (" + newline + indent + "    get_embedding_chunk,").encode() in finished[0]
+
+
+def test_a_pattern_whose_rewrite_binds_a_new_name_falls_back(move_map, monkeypatch):
+    """The safety net behind the refusals: were a from-import of a rebound global let
+    through, the engine would bind a module alias in the probe (numbered file-wide), so
+    the reduced pass gives up and the whole file is processed instead."""
+    from mm_schedule.codemods import simple_uses
+
+    let_through = simple_uses.LocalImports(move_map.old_module, frozenset(move_map.moved), frozenset())
+    monkeypatch.setattr(simple_uses.LocalImports, "for_map", classmethod(lambda cls, _map: let_through))
+    source = (HEADER + "".join(LOCAL_REFUSED[0].format(i=i) for i in range(5))
+              + "".join(LOCAL[0].format(i=i) for i in range(5, 10))).encode()
+    reduced, finished = _reduced_outcome(source, move_map)
+    assert any(kind == "local" and b"embedding_cache" in b"".join(t for _, t in text[1])
+               for _, kind, text in reduced.probes)
+    assert finished is None
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    assert migrate_source(source, move_map, path="big.py", package="app", segment_above=0) == whole
+    assert b"mm_schedule_1" in whole.new_source  # the numbered alias one probe could not stand for
+
+
+def test_uses_out_of_source_order_in_the_tree_are_rewritten_in_place(move_map):
+    """``ast`` visits a dict's keys before its values and a conditional's test before
+    its body: the uses are still copied back at their own places."""
+    body = "".join(f'''
+def mixed_{i}(flag):
+    return {{mm_utils.get_embedding_chunk: mm_utils._is_hip, mm_utils.PerImageRequestInfo: flag}}, (
+        mm_utils.get_embedding_chunk if mm_utils._is_hip else flag)
+''' for i in range(20))
+    source = (HEADER + body).encode()
+    reduced, finished = _reduced_outcome(source, move_map)
+    assert _fast_statements(reduced) == 20
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    assert finished == (whole.new_source, whole.findings)
+
+
+def test_each_method_that_imports_is_a_pattern_of_its_own(move_map):
+    """In a class, every method importing the old module is one pattern; what else the
+    class holds (its bases, attributes, other methods) stays simple uses shared file-wide."""
+    lazy = next(t for t in LOCAL if t.lstrip().startswith("class Lazy"))
+    source = (HEADER + "".join(lazy.format(i=i) for i in range(30)) + LOCAL_REFUSED[0].format(i=30)).encode()
+    reduced, finished = _reduced_outcome(source, move_map)
+    assert _fast_statements(reduced) == 30
+    assert [kind for _, kind, _ in reduced.probes].count("local") == 2
+    statement = next(fast[0] for _, _, fast in reduced.runs if fast)
+    in_patterns = [use.pattern for use in statement.uses if use.pattern >= 0]
+    assert sorted(set(in_patterns)) == [0, 1] and len(in_patterns) < len(statement.uses)
+    whole = migrate_source(source, move_map, path="big.py", package="app", segment_above=WHOLE)
+    assert finished == (whole.new_source, whole.findings)
