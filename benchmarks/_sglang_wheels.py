@@ -28,7 +28,6 @@ import enum
 import importlib.abc
 import importlib.machinery
 import logging
-import os
 import subprocess
 import sys
 import types
@@ -36,8 +35,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CACHE_ENV = "MM_SCHEDULE_WHEEL_CACHE"
-DEFAULT_CACHE = Path.home() / ".cache" / "mm-schedule" / "wheels"
+from mm_schedule.codemods.derive import default_wheel_cache
+
 DOWNLOAD_TIMEOUT_S = 120.0
 
 # Modules executed from the wheel's own source, in import order; the first ones are
@@ -63,13 +62,9 @@ class WheelUnavailable(RuntimeError):
 # -- download -----------------------------------------------------------------------------
 
 
-def wheel_cache() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
-
-
 def fetch_wheel(version: str, cache: Path | None = None, timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
     """The ``sglang==version`` wheel, from the cache or downloaded into it."""
-    cache = cache or wheel_cache()
+    cache = cache or default_wheel_cache()
     found = _cached_wheel(cache, version)
     if found:
         return found

@@ -49,7 +49,14 @@ from .writing import unwritable_reason
 PROG = "mm-schedule-codemod derive"
 SGLANG_OLD_MODULE = "sglang.srt.managers.mm_utils"
 SGLANG_NEW_MODULE = "sglang.srt.managers.mm_schedule"
-DEFAULT_WHEEL_CACHE = Path.home() / ".cache" / "mm-schedule" / "wheels"
+WHEEL_CACHE_ENV = "MM_SCHEDULE_WHEEL_CACHE"
+
+
+def default_wheel_cache() -> Path:
+    """Where downloaded wheels are kept: ``$MM_SCHEDULE_WHEEL_CACHE``, else
+    ``~/.cache/mm-schedule/wheels`` (the benchmarks and tests share it)."""
+    return Path(os.environ.get(WHEEL_CACHE_ENV) or Path.home() / ".cache" / "mm-schedule" / "wheels")
+
 _REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 
 
@@ -163,7 +170,7 @@ def fetch_archive(spec: str, cache: Path | None = None, timeout: float = 120.0) 
     match = _REQUIREMENT.match(spec)
     if not match:
         raise MoveMapError(f"{spec!r} is neither an existing file nor a pinned requirement like sglang==0.5.17")
-    cache = Path(cache) if cache else DEFAULT_WHEEL_CACHE
+    cache = Path(cache) if cache else default_wheel_cache()
     found = _cached_archive(cache, *match.groups())
     if found:
         return found
@@ -620,7 +627,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--package-root", metavar="NAME",
                         help="with --old/--new: read module names from the file paths, starting at NAME")
     parser.add_argument("--wheel-cache", metavar="DIR", type=Path,
-                        help=f"where --from-wheels keeps downloads (default {DEFAULT_WHEEL_CACHE})")
+                        help=f"where --from-wheels keeps downloads (default ${WHEEL_CACHE_ENV}, else"
+                             " ~/.cache/mm-schedule/wheels)")
     parser.add_argument("-o", "--output", metavar="OUT.json", help="write the map here (default: stdout)")
     parser.add_argument("--check", metavar="MAP.json",
                         help="exit 1 (and print a diff) when the derived map differs from this one")

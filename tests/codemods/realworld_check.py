@@ -30,13 +30,11 @@ from mm_schedule.errors import MoveMapError
 
 OLD_MODULE = derive.SGLANG_OLD_MODULE
 NEW_MODULE = derive.SGLANG_NEW_MODULE
-CACHE_ENV = "MM_SCHEDULE_WHEEL_CACHE"
 DOWNLOAD_TIMEOUT_S = 50.0
 _ATTRIBUTE_SETTERS = {"object", "setattr", "delattr"}
 
 
-def wheel_cache() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or derive.DEFAULT_WHEEL_CACHE)
+wheel_cache = derive.default_wheel_cache
 
 
 def sglang_wheel(version: str) -> Path:
