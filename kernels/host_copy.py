@@ -59,7 +59,9 @@ def copy_row_ranges(sources: Sequence, source_of: Sequence[int], first_row: Sequ
     ``dst``'s row length. ``whole_sources``: segment ``i`` is all of ``sources[i]``."""
     row_bytes = repeat(dst.shape[1] * dst.element_size())
     addresses = [t.data_ptr() for t in sources]
-    low = min(addresses)
+    # An empty tensor may report address 0; it cannot be the start of the range read
+    # (a segment naming it then fails the checks below, as it must: it has no rows).
+    low = min((a for a in addresses if a), default=0)
     # Byte ranges, each column computed in one pass that runs in C.
     starts = list(map(sub, addresses, repeat(low)))
     ends = list(map(add, starts, map(_nbytes_of, sources)))

@@ -110,3 +110,14 @@ def test_only_plain_contiguous_cpu_tensors_of_the_destination_dtype_qualify():
     assert not can_copy_bytes(ok, torch.empty(8, 6).t())
     assert not can_copy_bytes(ok, torch.empty(2, 3, 8))
     assert not can_copy_bytes(ok, torch._neg_view(torch.empty(6, 8)))
+
+
+def test_an_empty_source_is_ignored_until_a_segment_names_it():
+    sources = [torch.randn(3, 8), torch.empty(0, 8), torch.randn(2, 8)]
+    dst = _poisoned(6, 8, torch.float32)
+    copy_row_ranges(sources, [0, 2], [0, 0], [3, 2], [0, 4], dst)
+    assert torch.equal(dst[0:3], sources[0]) and torch.equal(dst[4:6], sources[2])
+    with pytest.raises(IndexError):
+        copy_row_ranges(sources, [1], [0], [1], [3], dst)
+    with pytest.raises(ValueError):
+        copy_row_ranges(sources, [0, 1, 2], [0, 0, 0], [3, 1, 2], [0, 3, 4], dst, whole_sources=True)
