@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_schedule import environment_lines, markdown_table, write_section
+from bench_schedule import environment_lines, image_requests, markdown_table, write_section
 from vision_encoder import VisionEncoder, small_shape
 
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk, StepContext, embed_chunk
@@ -51,21 +51,9 @@ def load_average() -> float:
 
 def build_requests(encoder: VisionEncoder, n_requests: int, images: int, seed: int) -> list[RequestChunk]:
     gen = torch.Generator().manual_seed(seed)
-    rows = encoder.shape.tokens_per_image
-    requests = []
-    for r in range(n_requests):
-        items = []
-        for i in range(images):
-            start = TEXT_GAP + i * (rows + TEXT_GAP)
-            items.append(
-                MMItem(
-                    hash=seed * 1_000_000 + r * 100 + i + 1,
-                    offsets=[(start, start + rows - 1)],
-                    feature=encoder.random_image(gen),
-                )
-            )
-        requests.append(RequestChunk(items=items, prefix=0, extend=TEXT_GAP + images * (rows + TEXT_GAP)))
-    return requests
+    return image_requests(n_requests, images, encoder.shape.tokens_per_image, text_gap=TEXT_GAP,
+                          feature=lambda: encoder.random_image(gen),
+                          item_hash=lambda r, i: seed * 1_000_000 + r * 100 + i + 1)
 
 
 def across_requests(encoder: VisionEncoder, requests: list[RequestChunk]) -> torch.Tensor:

@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_schedule import environment_lines, markdown_table
+from bench_schedule import environment_lines, image_requests, markdown_table
 from vision_encoder import VisionEncoder, small_shape
 
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk, StepContext, embed_chunk
@@ -54,22 +54,9 @@ RTOL = ATOL = 1e-4
 
 def build_step(encoder: VisionEncoder, step: int, n_requests: int, images: int) -> list[RequestChunk]:
     gen = torch.Generator().manual_seed(1_000 + step)
-    rows = encoder.shape.tokens_per_image
-    requests = []
-    for r in range(n_requests):
-        items = []
-        for i in range(images):
-            start = TEXT_GAP + i * (rows + TEXT_GAP)
-            items.append(
-                MMItem(
-                    hash=(step * 1_000 + r * images + i + 1) * 1_000_003,
-                    offsets=[(start, start + rows - 1)],
-                    feature=encoder.random_image(gen),
-                )
-            )
-        length = TEXT_GAP + images * (rows + TEXT_GAP)
-        requests.append(RequestChunk(items=items, prefix=0, extend=length))
-    return requests
+    return image_requests(n_requests, images, encoder.shape.tokens_per_image, text_gap=TEXT_GAP,
+                          feature=lambda: encoder.random_image(gen),
+                          item_hash=lambda r, i: (step * 1_000 + r * images + i + 1) * 1_000_003)
 
 
 HIT_ITEMS, HIT_ROWS, HIT_HIDDEN = 1024, 4, 64

@@ -97,23 +97,27 @@ def write_section(name: str, body: str, path: Path = RESULTS) -> None:
 # -- the step ------------------------------------------------------------------------------
 
 
-def build_requests(n_requests: int, images: int, rows: int, hidden: int) -> list[RequestChunk]:
-    gen = torch.Generator().manual_seed(0)
+def image_requests(n_requests: int, images: int, rows: int, *, text_gap: int, feature: Callable[[], object],
+                   item_hash: Callable[[int, int], int]) -> list[RequestChunk]:
+    """``n_requests`` whole-prompt chunks, each of ``images`` single-span images of ``rows``
+    placeholder tokens with ``text_gap`` text tokens before, between and after them.
+    ``feature()`` makes the next image's encoder input (called in request, then image
+    order); ``item_hash(r, i)`` is image ``i`` of request ``r``'s hash."""
     requests = []
     for r in range(n_requests):
         items = []
         for i in range(images):
-            start = TEXT_GAP + i * (rows + TEXT_GAP)
-            items.append(
-                MMItem(
-                    hash=(r * images + i + 1) * 1_000_003,
-                    offsets=[(start, start + rows - 1)],
-                    feature=torch.randn(rows, hidden, generator=gen),
-                )
-            )
-        prompt = TEXT_GAP + images * (rows + TEXT_GAP)
-        requests.append(RequestChunk(items=items, prefix=0, extend=prompt))
+            start = text_gap + i * (rows + text_gap)
+            items.append(MMItem(hash=item_hash(r, i), offsets=[(start, start + rows - 1)], feature=feature()))
+        requests.append(RequestChunk(items=items, prefix=0, extend=text_gap + images * (rows + text_gap)))
     return requests
+
+
+def build_requests(n_requests: int, images: int, rows: int, hidden: int) -> list[RequestChunk]:
+    gen = torch.Generator().manual_seed(0)
+    return image_requests(n_requests, images, rows, text_gap=TEXT_GAP,
+                          feature=lambda: torch.randn(rows, hidden, generator=gen),
+                          item_hash=lambda r, i: (r * images + i + 1) * 1_000_003)
 
 
 def identity_encoder(items):
