@@ -290,41 +290,14 @@ def default_cases() -> list[dict]:
     and casting variants once each."""
     import torch
 
-    cases = []
-    dtypes = (torch.bfloat16, torch.float16, torch.float32)
-    for kernel in KERNEL_NAMES:
-        for dtype in dtypes:
-            for hidden, rows in ((64, 64), (4096, 16384), (16384, 1024)):
-                cases.append(
-                    dict(
-                        kernel=kernel,
-                        dtype=dtype,
-                        src_dtype=dtype,
-                        hidden=hidden,
-                        aligned=True,
-                        n_rows=rows,
-                    )
-                )
-        cases.append(
-            dict(
-                kernel=kernel,
-                dtype=torch.bfloat16,
-                src_dtype=torch.float32,
-                hidden=3584,
-                aligned=True,
-                n_rows=8192,
-            )
-        )
-        cases.append(
-            dict(
-                kernel=kernel,
-                dtype=torch.bfloat16,
-                src_dtype=torch.bfloat16,
-                hidden=1001,
-                aligned=False,
-                n_rows=8192,
-            )
-        )
+    # (dtype, source dtype, hidden, aligned, rows) per kernel: every dtype at three sizes,
+    # then one casting and one unaligned variant.
+    shapes = [(dtype, dtype, hidden, True, rows)
+              for dtype in (torch.bfloat16, torch.float16, torch.float32)
+              for hidden, rows in ((64, 64), (4096, 16384), (16384, 1024))]
+    shapes += [(torch.bfloat16, torch.float32, 3584, True, 8192), (torch.bfloat16, torch.bfloat16, 1001, False, 8192)]
+    cases = [dict(kernel=kernel, dtype=dtype, src_dtype=src_dtype, hidden=hidden, aligned=aligned, n_rows=rows)
+             for kernel in KERNEL_NAMES for dtype, src_dtype, hidden, aligned, rows in shapes]
     unique = {}
     for case in cases:
         case["config"] = heuristic_config(
