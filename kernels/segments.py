@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import KernelInputError, SegmentError
 
@@ -57,10 +57,19 @@ def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_
                 f" a destination of {dst_rows} rows"
             )
         spans.append((dst_row, dst_row + n_rows, i))
-    spans.sort()
-    for (_, end_a, a), (start_b, _, b) in pairwise(spans):
+    overlap = first_overlap(spans)
+    if overlap is not None:
+        raise SegmentError(f"segments {overlap[0]} and {overlap[1]} write overlapping destination rows")
+
+
+def first_overlap(ranges: list[tuple[int, int, Any]]) -> tuple[Any, Any] | None:
+    """The labels of two ``(start, end, label)`` half-open ranges that share a row, or
+    None when none do (``ranges`` is sorted in place)."""
+    ranges.sort()
+    for (_, end_a, a), (start_b, _, b) in pairwise(ranges):
         if start_b < end_a:
-            raise SegmentError(f"segments {a} and {b} write overlapping destination rows")
+            return a, b
+    return None
 
 
 def check_tensors(sources: Sequence, dest) -> None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import torch
@@ -35,6 +34,7 @@ from .context import StepContext
 from .encode import Encoders, encode_misses
 from .errors import InvalidItemError, KernelInputError
 from .items import as_index
+from .kernels.segments import first_overlap
 from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan
 from .planner import as_requests, plan_step
 from .spare import packed_buffer
@@ -258,10 +258,9 @@ def check_fused_rows(extends: Sequence[int], row_offsets: Sequence[int | None], 
                     f"request {index}: rows [{start}, {start + extend}) lie outside input_embeds' {total_rows} rows"
                 )
             ranges.append((start, start + extend, index))
-    ranges.sort()
-    for (_, end_a, a), (start_b, _, b) in pairwise(ranges):
-        if start_b < end_a:
-            raise InvalidItemError(f"requests {a} and {b} claim the same rows of input_embeds")
+    overlap = first_overlap(ranges)
+    if overlap is not None:
+        raise InvalidItemError(f"requests {overlap[0]} and {overlap[1]} claim the same rows of input_embeds")
 
 
 def merge_chunk(
