@@ -78,7 +78,7 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
     source_of, first_row, counts, rows = columns if columns is not None else [list(c) for c in zip(*segments)]
     ends = list(map(add, rows, counts))
     consecutive = rows[1:] == ends[:-1]
-    if not consecutive and dst.device.type == "cpu" and can_copy_bytes(sources, dst):
+    if not consecutive and can_copy_bytes(sources, dst):
         copy_row_ranges(sources, source_of, first_row, counts, rows, dst,
                         whole_sources=getattr(segments, "whole_sources", False))
         return dst
