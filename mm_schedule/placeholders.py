@@ -1,10 +1,13 @@
 """Which tokens of ``input_ids`` are placeholders: the mask SGLang's API returns.
 
 The ids are compared in the wider of the two dtypes, so an int64 pad value is never
-narrowed into a collision with an int32 token id. How, by the number of placeholder ids
-(SGLang passes one per item, so thousands in a large step):
+narrowed into a collision with an int32 token id. How, by where the tokens are and how
+many placeholder ids there are (SGLang passes one per item, so thousands in a large step):
 
-* a few (fewer than ``10 * tokens ** 0.145``): ``torch.isin``, which then compares
+* on the CPU, int64 or int32 tokens, with the package's C helper built
+  (``_placeholder_set.c``): one pass over the tokens against a hash set of the ids,
+  which also counts the marks; the other paths below are its fallback;
+* a few ids (fewer than ``10 * tokens ** 0.145``): ``torch.isin``, which then compares
   against each id directly;
 * many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
   bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
@@ -16,14 +19,24 @@ narrowed into a collision with an int32 token id. How, by the number of placehol
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import torch
 
 from .errors import InvalidItemError
 
+try:
+    from . import _placeholder_set
+except ImportError:  # installed without a C compiler: the torch paths answer alone
+    _placeholder_set = None
+
 _TABLE_SLOTS_PER_ID = 64  # buckets hold one or two ids: two gathers per token where 16 slots took three
 _TABLE_MAX_DEPTH = 8  # deeper buckets (ids sharing their low bits): use isin instead
+_HASH_MULTIPLIER = secrets.randbits(64) | 1  # per process: nobody can pick ids that collide
+_TOKEN_BYTES = {torch.int64: 8, torch.int32: 4}  # token dtypes the C helper reads
+# Id dtypes whose every value an int64 holds exactly (the C helper's set is int64).
+_WIDENS_TO_INT64 = {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
 
 
 def _integer(t: Any, what: str) -> None:
@@ -34,15 +47,39 @@ def _integer(t: Any, what: str) -> None:
 
 def placeholder_mask(input_ids: Any, placeholder_ids: Any) -> Any:
     """``[N, 1]`` bool: which of the ``N`` tokens of ``input_ids`` is one of ``placeholder_ids``."""
+    return marked_placeholders(input_ids, placeholder_ids)[0]
+
+
+def marked_placeholders(input_ids: Any, placeholder_ids: Any) -> tuple[Any, int]:
+    """``placeholder_mask`` and the number of tokens it marks."""
     ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
     _integer(ids, "input_ids")
+    if (_placeholder_set is not None and ids.dtype in _TOKEN_BYTES and pads.dtype in _WIDENS_TO_INT64
+            and ids.is_cpu and pads.is_cpu and pads.numel() and not ids.is_neg()):
+        return _marked_in_one_pass(ids, pads)
     if pads.dtype is not ids.dtype or pads.device != ids.device or pads.dim() != 1:
         _integer(pads, "placeholder ids")
         pads = pads.reshape(-1).to(ids.device, non_blocking=True)
         common = torch.promote_types(ids.dtype, pads.dtype)
         ids, pads = ids.to(common), pads.to(common)
-    return _membership(ids, pads)
+    mask = _membership(ids, pads)
+    return mask, int(mask.count_nonzero())
+
+
+def _marked_in_one_pass(ids: Any, pads: Any) -> tuple[Any, int]:
+    if pads.dtype is not torch.int64 or pads.is_neg():
+        pads = pads.to(torch.int64).resolve_neg()
+    if pads.dim() != 1 or not pads.is_contiguous():
+        pads = pads.reshape(-1).contiguous()
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    mask = torch.empty((ids.numel(), 1), dtype=torch.bool)
+    marked = _placeholder_set.mark_members(
+        ids.data_ptr(), ids.numel(), _TOKEN_BYTES[ids.dtype], pads.data_ptr(), pads.numel(), mask.data_ptr(),
+        _HASH_MULTIPLIER,
+    )
+    return mask, marked
 
 
 def _membership(ids: Any, pads: Any) -> Any:

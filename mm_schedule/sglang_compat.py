@@ -28,7 +28,7 @@ from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
 from .errors import EmbeddingLengthMismatch
-from .placeholders import placeholder_mask
+from .placeholders import marked_placeholders
 from .planner import plan_columns
 from .scheduler import run_packed
 
@@ -137,8 +137,7 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int) -> Any:
     """The placeholder mask over ``input_ids``, which must mark exactly ``rows`` tokens: a
     prompt whose placeholder tokens and item offsets disagree would otherwise pair rows
     with the wrong tokens downstream (or, on a GPU, end in a device-side assert)."""
-    mask = placeholder_mask(input_ids, placeholder_tensor)
-    placeholders = int(mask.count_nonzero())
+    mask, placeholders = marked_placeholders(input_ids, placeholder_tensor)
     if placeholders != rows:
         raise EmbeddingLengthMismatch(
             expected=placeholders, received=rows, what="embedding rows for the placeholder tokens"

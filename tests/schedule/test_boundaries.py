@@ -23,7 +23,6 @@ from mm_schedule import (
     get_embedding_and_mask,
     item_key,
     merge_chunk,
-    placeholder_mask,
 )
 from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError
 
@@ -212,24 +211,6 @@ def test_compat_placeholder_count_must_match_rows(backend):
     assert enc.calls == [] and len(mm_schedule.embedding_cache) == 0
     emb, mask, _ = _compat_step(torch.tensor([0, 9, 9, 9, 0]), encoder=enc)
     assert emb.shape[0] == int(mask.sum()) == 3 and enc.calls == [[60]]
-
-
-def test_int64_placeholder_ids_are_never_narrowed():
-    wide = 5 + 2**32  # as int32 this would be 5
-    ids = torch.tensor([5, 7, 5, 3], dtype=torch.int32)
-    assert not placeholder_mask(ids, torch.tensor([wide])).any()
-    many = torch.arange(100, dtype=torch.int64) + 2**32  # the table lookup path
-    assert not placeholder_mask(torch.arange(100, dtype=torch.int32), many).any()
-    assert placeholder_mask(ids, torch.tensor([7])).squeeze(1).tolist() == [False, True, False, False]
-
-
-@pytest.mark.parametrize("n_ids", [9, 64, 1000])
-def test_placeholder_table_with_shared_low_bits(n_ids):
-    """Ids that share their low bits pile into a few buckets; the answer stays exact."""
-    pads = torch.arange(n_ids, dtype=torch.int64) << 24
-    g = torch.Generator().manual_seed(n_ids)
-    ids = torch.cat([pads[torch.randint(0, n_ids, (50,), generator=g)], torch.randint(0, 1 << 30, (500,), generator=g)])
-    assert torch.equal(placeholder_mask(ids, pads).squeeze(1), torch.isin(ids, pads))
 
 
 @STEP

@@ -218,17 +218,6 @@ def test_features_are_moved_only_when_the_encoder_asks():
     assert req2.items[0].feature is feat2  # FakeFeature.to returns itself
 
 
-@pytest.mark.parametrize("n_ids", [0, 1, 3, 300])
-def test_placeholder_mask_matches_isin(n_ids):
-    g = torch.Generator().manual_seed(n_ids)
-    ids = torch.randint(1_000_000, 1_000_000 + 2 * max(n_ids, 1), (n_ids,), generator=g)
-    input_ids = torch.cat([ids, torch.randint(0, 1_000_000 + 3 * max(n_ids, 1), (500,), generator=g)])
-    input_ids = input_ids[torch.randperm(input_ids.numel(), generator=g)]
-    mask = mm_schedule.placeholder_mask(input_ids, ids)
-    assert mask.shape == (input_ids.numel(), 1)
-    assert torch.equal(mask[:, 0], torch.isin(input_ids, ids))
-
-
 def test_with_misses_re_encodes_hits_another_rank_missed():
     """The seam for ranks agreeing on misses: a hit turned into a miss is encoded again,
     batched with the other misses, and is no longer acknowledged as a hit."""
@@ -283,16 +272,3 @@ def test_flat_and_general_planners_build_the_same_plan():
         assert (flat.n_rows, flat.n_tokens) == (general.n_rows, general.n_tokens)
         compared += 1
     assert compared > 150
-
-
-@pytest.mark.parametrize("distinct", [1, 3, 40])
-def test_placeholder_mask_with_ids_repeated_once_per_item(distinct):
-    """One image token id per item, repeated (deep buckets): still exactly isin."""
-    g = torch.Generator().manual_seed(distinct)
-    values = torch.randint(100_000, 200_000, (distinct,), generator=g)
-    pads = values[torch.randint(0, distinct, (600,), generator=g)]
-    input_ids = torch.randint(0, 200_000, (5000,), generator=g)
-    input_ids[torch.randint(0, 5000, (2000,), generator=g)] = values[torch.randint(0, distinct, (2000,), generator=g)]
-    mask = mm_schedule.placeholder_mask(input_ids, pads)
-    assert mask.shape == (5000, 1)
-    assert torch.equal(mask[:, 0], torch.isin(input_ids, values))
