@@ -18,7 +18,9 @@ float32, every request's window covering its whole prompt. Cases: every item alr
 cached (4 to 4,096 items), and every item a miss with a cheap encoder (it returns each
 item's precomputed rows, one tensor per item). Calls alternate between the sides in a
 fresh (seeded) random order every round over many repetitions, so machine noise and cache
-state left by the previous call hit all sides alike, and each
+state left by the previous call hit all sides alike; each case's rounds are split over
+three sweeps through all the cases, so a slow or fast spell of the machine hits every
+size alike too (the per-item flatness compares sizes). Each
 side's median is reported: of the thread's CPU time (the ratios; with one torch thread a
 step's host work all runs there, and time spent waiting for a core shared with other
 processes is left out) and of wall-clock time. Garbage collections are counted per side
@@ -418,34 +420,81 @@ class CaseResult:
     encoder_calls_per_step: dict
 
 
-def measure(sides: list[Side], batch: Batch, *, miss: bool, budget_s: float, min_rounds: int,
-            max_rounds: int) -> tuple[CaseResult, list[str]]:
-    problems = check_once(sides, batch)
+@dataclass
+class CaseRun:
+    """One case's timed rounds, gathered over every pass of the sweep."""
+
+    batch: Batch
+    miss: bool
+    rounds_per_pass: int = 0
+    times_ns: dict = field(default_factory=dict)
+    wall_ns: dict = field(default_factory=dict)
+    gcs: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict)
+    encoder_calls: dict = field(default_factory=dict)
+    last: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return "all-miss" if self.miss else "all-cached"
+
+    def take(self, sides: list[Side]) -> None:
+        for s in sides:
+            self.times_ns.setdefault(s.name, []).extend(s.times_ns)
+            self.wall_ns.setdefault(s.name, []).extend(s.wall_ns)
+            self.gcs[s.name] = self.gcs.get(s.name, 0) + s.gcs
+            self.steps[s.name] = self.steps.get(s.name, 0) + s.steps
+            self.encoder_calls[s.name] = self.encoder_calls.get(s.name, 0) + s.encoder_calls
+
+    def result(self) -> CaseResult:
+        names = list(self.times_ns)
+        return CaseResult(
+            case=self.label, n_items=self.batch.n_items, rounds=len(self.times_ns[names[0]]),
+            median_us={n: statistics.median(self.times_ns[n]) / 1e3 for n in names},
+            wall_us={n: statistics.median(self.wall_ns[n]) / 1e3 for n in names},
+            gcs_per_step={n: self.gcs[n] / self.steps[n] for n in names},
+            encoder_calls_per_step={n: self.encoder_calls[n] / self.steps[n] for n in names},
+        )
+
+
+def _clear(sides: list[Side]) -> None:
     for side in sides:
         side.times_ns, side.wall_ns, side.gcs, side.steps, side.encoder_calls = [], [], 0, 0, 0
+
+
+def measure(sides: list[Side], runs: list[CaseRun], *, passes: int, budget_s: float, min_rounds: int,
+            max_rounds: int, on_case: Callable[[CaseRun], None] | None = None) -> list[str]:
+    """Time every case, its rounds split over ``passes`` sweeps through all the cases: a
+    machine that gets slower or faster for a while then shifts every size alike instead
+    of the sizes that happened to run then (the per-item flatness compares sizes)."""
+    problems = []
+    for run in runs:
+        problems += check_once(sides, run.batch)
     gcs = GcCounter()
     try:
-        started = time.perf_counter()
-        run_round(sides, batch, 0, miss=miss, gcs=gcs, keep=False)  # warm-up, discarded
-        per_round = time.perf_counter() - started
-        rounds = int(min(max(budget_s / max(per_round, 1e-6), min_rounds), max_rounds))
-        for side in sides:
-            side.times_ns, side.wall_ns, side.gcs, side.steps, side.encoder_calls = [], [], 0, 0, 0
-        last = {}
-        for r in range(rounds):
-            last = run_round(sides, batch, r, miss=miss, gcs=gcs, keep=r == rounds - 1)
+        for p in range(passes):
+            for run in runs:
+                started = time.perf_counter()
+                # Warm-up, discarded: primes the caches an all-miss case emptied.
+                run_round(sides, run.batch, 0, miss=run.miss, gcs=gcs, keep=False)
+                if not run.rounds_per_pass:
+                    per_round = time.perf_counter() - started
+                    total = int(min(max(budget_s / max(per_round, 1e-6), min_rounds), max_rounds))
+                    run.rounds_per_pass = max(1, -(-total // passes))
+                _clear(sides)
+                for r in range(run.rounds_per_pass):
+                    last = p == passes - 1 and r == run.rounds_per_pass - 1
+                    out = run_round(sides, run.batch, p * max_rounds + r, miss=run.miss, gcs=gcs, keep=last)
+                    if last:
+                        run.last = out
+                run.take(sides)
+                if p == passes - 1 and on_case is not None:
+                    on_case(run)
     finally:
         gcs.close()
-    label = "all-miss" if miss else "all-cached"
-    problems += [f"{batch.n_items} items, {label}, timed: {p}" for p in compare(last, batch)]
-    result = CaseResult(
-        case=label, n_items=batch.n_items, rounds=rounds,
-        median_us={s.name: statistics.median(s.times_ns) / 1e3 for s in sides},
-        wall_us={s.name: statistics.median(s.wall_ns) / 1e3 for s in sides},
-        gcs_per_step={s.name: s.gcs / s.steps for s in sides},
-        encoder_calls_per_step={s.name: s.encoder_calls / s.steps for s in sides},
-    )
-    return result, problems
+    for run in runs:
+        problems += [f"{run.batch.n_items} items, {run.label}, timed: {x}" for x in compare(run.last, run.batch)]
+    return problems
 
 
 # -- reporting ----------------------------------------------------------------------------
@@ -616,6 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", metavar="N", help="all-cached step sizes (items)")
     parser.add_argument("--miss-size", type=int, default=MISS_SIZE, metavar="N", help="items of the all-miss step")
     parser.add_argument("--budget", type=float, metavar="S", help="seconds of rounds per case")
+    parser.add_argument("--passes", type=int, default=3, metavar="P",
+                        help="sweeps through all the cases that share each case's rounds (default 3)")
     parser.add_argument("--output", type=Path, help="results file (default: <checkout>/benchmarks/results/vs_sglang.md,"
                         " or vs_sglang_reuse-freed-memory.md)")
     parser.add_argument("--reuse-freed-memory", action="store_true",
@@ -638,15 +689,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sides = make_sides(*releases)
     stubbed = sorted(set(releases[0].stubbed) | set(releases[1].stubbed))
-    results, problems = [], []
     cases = [(n, False) for n in sizes] + [(args.miss_size, True)]
-    for n, miss in cases:
-        batch = build_batch(n, seed=n)
-        result, found = measure(sides, batch, miss=miss, budget_s=budget, min_rounds=min_rounds, max_rounds=max_rounds)
-        results.append(result)
-        problems += found
-        print(f"{result.case:>10} {n:>5} items, {result.rounds:>3} rounds: " + ", ".join(
+    runs = [CaseRun(build_batch(n, seed=n), miss) for n, miss in cases]
+
+    def progress(run: CaseRun) -> None:
+        result = run.result()
+        print(f"{result.case:>10} {result.n_items:>5} items, {result.rounds:>3} rounds: " + ", ".join(
             f"{o} {ratio(result, o, t):.2f}x vs {t}" for o, t in RATIOS), flush=True)
+
+    problems = measure(sides, runs, passes=args.passes, budget_s=budget, min_rounds=min_rounds,
+                       max_rounds=max_rounds, on_case=progress)
+    results = [run.result() for run in runs]
     text = report(results, environment(releases, stubbed), problems)
     print()
     print(text)

@@ -100,3 +100,21 @@ def test_sglang_batches_across_requests_and_017_per_request(sides):
         calls[side.name] = encoder.calls
     assert calls[bench.SGL19] == 1 and calls[bench.OURS_COMPAT] == 1 and calls[bench.OURS_EMBED] == 1
     assert calls[bench.SGL17] == 3
+
+
+def test_rounds_are_split_over_passes_through_every_case(sides):
+    """Each case's rounds come from every pass (so drift hits all sizes alike), every side
+    runs every round, cached cases see no encoder call, and the results stay exact."""
+    runs = [bench.CaseRun(bench.build_batch(4, seed=1), False), bench.CaseRun(bench.build_batch(8, seed=2), True)]
+    seen = []
+    problems = bench.measure(sides, runs, passes=3, budget_s=0.0, min_rounds=4, max_rounds=4,
+                             on_case=lambda run: seen.append(run.batch.n_items))
+    assert problems == [] and seen == [4, 8]
+    for run in runs:
+        result = run.result()
+        assert run.rounds_per_pass == 2 and result.rounds == 6
+        assert all(len(times) == 6 for times in run.times_ns.values()) and len(run.times_ns) == len(sides)
+        if run.miss:
+            assert result.encoder_calls_per_step["ours-compat"] == 1
+        else:
+            assert set(result.encoder_calls_per_step.values()) == {0}
