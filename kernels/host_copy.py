@@ -49,7 +49,8 @@ def can_copy_bytes(sources: Sequence, dst) -> bool:
         return False
     return (set(map(_dtype_of, sources)) == {dst.dtype}
             and all(map(_is_cpu, sources))
-            and all(map(torch.Tensor.is_contiguous, sources)))
+            and all(map(torch.Tensor.is_contiguous, sources))
+            and not any(map(torch.Tensor.is_neg, sources)))  # a negated view's bytes are not its values
 
 
 def copy_row_ranges(sources: Sequence, source_of: Sequence[int], first_row: Sequence[int],

@@ -94,6 +94,7 @@ static Py_ssize_t mark_tokens(const IdSet *set, const void *tokens, Py_ssize_t n
 }
 
 static PyObject *mark_members(PyObject *self, PyObject *args) {
+    (void)self;
     unsigned long long tokens_address, ids_address, out_address, multiplier;
     Py_ssize_t n_tokens, token_bytes, n_ids;
     if (!PyArg_ParseTuple(args, "KnnKnKK", &tokens_address, &n_tokens, &token_bytes, &ids_address, &n_ids,
@@ -131,7 +132,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_placeholder_set", "Placeholder-token membership in one pass (see placeholders.py).",
-    -1, methods,
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__placeholder_set(void) {

@@ -110,6 +110,7 @@ def test_only_plain_contiguous_cpu_tensors_of_the_destination_dtype_qualify():
     assert not can_copy_bytes(ok, torch.empty(8, 6).t())
     assert not can_copy_bytes(ok, torch.empty(2, 3, 8))
     assert not can_copy_bytes(ok, torch._neg_view(torch.empty(6, 8)))
+    assert not can_copy_bytes([ok[0], torch._neg_view(torch.randn(3, 8))], dst)  # bytes are not the values
 
 
 def test_an_empty_source_is_ignored_until_a_segment_names_it():
