@@ -30,6 +30,17 @@ from operator import add, attrgetter, le, mul, sub
 
 import torch
 
+try:
+    from . import _stream_copy
+except ImportError:  # installed without a C compiler: torch.cat makes these copies
+    _stream_copy = None
+
+# A destination this large cannot stay in a core's caches (nor, beside other work, in a
+# shared one): it will be read back from memory anyway, so it is written with streaming
+# stores, which skip reading every line before overwriting it. Smaller results stay on
+# torch's ordinary stores.
+STREAM_MIN_BYTES = 8 << 20
+
 _PYBUF_READ, _PYBUF_WRITE = 0x100, 0x200
 _dtype_of, _is_cpu, _nbytes_of = attrgetter("dtype"), attrgetter("is_cpu"), attrgetter("nbytes")
 
@@ -86,3 +97,18 @@ def copy_row_ranges(sources: Sequence, source_of: Sequence[int], first_row: Sequ
     finally:
         read.release()
         into.release()
+
+
+def append_whole_sources(sources: list, rows: list, dst) -> bool:
+    """``torch.cat(sources, out=dst)`` with streaming stores, when ``dst`` is a CPU tensor
+    of at least ``STREAM_MIN_BYTES`` and the C helper is built; False, having written
+    nothing, otherwise (the caller uses ``torch.cat``).
+
+    Trusted, as ``trusted.copy_segments``: every source is a contiguous CPU tensor of
+    ``dst``'s dtype and row length, not a negated view, with ``rows[i]`` rows, and the
+    rows add up to ``dst``'s (the scheduler's validated sources are). Only the total
+    is checked (``ValueError`` before anything is written)."""
+    if _stream_copy is None or not dst.is_cpu or dst.nbytes < STREAM_MIN_BYTES or dst.dim() != 2:
+        return False
+    _stream_copy.append_rows(dst.data_ptr(), dst.nbytes, sources, rows, dst.shape[1] * dst.element_size())
+    return True

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from .kernels.host_copy import append_whole_sources
 from .kernels.trusted import copy_segments
 from .plan import StepPlan
 
@@ -79,9 +80,14 @@ def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: 
 def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any = None) -> Any:
     """The packed rows of a table that is every source whole and in order (see
     ``packed_table``): their concatenation, written into ``out``. Failures evict like
-    ``copy_rows``; ``out`` None: a new tensor."""
+    ``copy_rows``; ``out`` None: a new tensor. A large CPU ``out`` is written with
+    streaming stores (``append_whole_sources``)."""
     try:
-        return torch.cat(tensors) if out is None else torch.cat(tensors, out=out)
+        if out is None:
+            return torch.cat(tensors)
+        rows = plan.rows if type(plan.rows) is list else list(plan.rows)
+        sources = tensors if type(tensors) is list else list(tensors)
+        return out if append_whole_sources(sources, rows, out) else torch.cat(sources, out=out)
     except Exception:
         if cache is not None:
             cache.discard_many(plan.hit_keys)

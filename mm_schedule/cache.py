@@ -77,6 +77,8 @@ def _entry(tensor: Any, value: Any) -> tuple:
     """The entry for ``tensor``: detached, 2-D, owning exactly its storage."""
     if tensor.requires_grad:
         tensor = tensor.detach()
+    if tensor.is_neg():  # cached rows are copied as bytes, which a negated view's are not
+        tensor = tensor.resolve_neg()
     if tensor.dim() != 2:
         tensor = tensor.reshape(-1, tensor.shape[-1])
     rows, hidden = tensor.shape

@@ -129,6 +129,13 @@ def _learn(expected: Expected, hidden: int, dtype: Any, device: Any) -> None:
     expected.dtypes.add(dtype)
 
 
+def _plain(t: Any) -> Any:
+    """``t`` contiguous and not a negated view: rows the assembly may copy as bytes."""
+    if t.is_neg():
+        t = t.resolve_neg()
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) -> None:
     """Precomputed embeddings: same checks as encoder outputs (they may live elsewhere:
     they are moved to the step's device, and never cached)."""
@@ -146,7 +153,7 @@ def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) ->
                 expected=plan.rows[i], received=flat.shape[0], request=plan.requests[i],
                 item_hash=_hash_of(plan.first_items[i]), what="precomputed embedding rows",
             )
-        tensors[i] = flat if flat.is_contiguous() else flat.contiguous()
+        tensors[i] = _plain(flat)
 
 
 def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensors: list[Any],
@@ -180,7 +187,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
         for s, piece in zip(batch, pieces):
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
-            tensors[s] = piece if piece.is_contiguous() else piece.contiguous()
+            tensors[s] = _plain(piece)
         encoded.extend(batch)
     return encoded
 

@@ -64,12 +64,29 @@ def _start_big_run(tree, map_file, count, *args, link_into=None):
                             start_new_session=True)
     # Wait until the run is writing: two migrated files appear (so that one write has
     # certainly ended; a write caught before its end is undone, which is right too).
+    # Sizes tell a migrated file without reading it, and the files are written roughly in
+    # name order, so a look usually stops after the first few: a slow look would let a
+    # fast run end before the caller's signal reaches it.
+    migrated_size = [len(MOVED) + len(f"X{i} = {i}\n") * 40 for i in range(count)]
     deadline = time.monotonic() + 60
-    while sum((tree / f"m{i:03d}.py").read_text().startswith(MOVED) for i in range(count)) < 2:
+    while not _written_at_least(tree, migrated_size, 2):
         assert proc.poll() is None, proc.stderr.read()
         assert time.monotonic() < deadline, "the run never wrote a file"
-        time.sleep(0.005)
+        time.sleep(0.001)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
     return proc
+
+
+def _written_at_least(tree, migrated_size, wanted):
+    found = 0
+    for i, size in enumerate(migrated_size):
+        try:
+            found += os.stat(tree / f"m{i:03d}.py").st_size == size
+        except FileNotFoundError:  # between a rename's unlink and link
+            continue
+        if found >= wanted:
+            return True
+    return False
 
 
 def _states(tree, count):

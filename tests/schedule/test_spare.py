@@ -10,13 +10,20 @@ import pytest
 import torch
 
 from mm_schedule import EmbeddingCache, RequestChunk, embed_chunk, spare
+from mm_schedule.kernels import host_copy
 from tests.schedule.conftest import BACKENDS
 from tests.schedule.helpers import CountingEncoder, image, naive_reference
 
 
-@pytest.fixture(autouse=True)
-def every_result_is_large(monkeypatch):
+@pytest.fixture(autouse=True, params=["ordinary stores", "streaming stores"])
+def every_result_is_large(request, monkeypatch):
+    """Every packed result counts as large: kept as the spare, and (second run) written
+    with streaming stores when the C helper is built."""
     monkeypatch.setattr(spare, "MIN_BYTES", 0)
+    if request.param == "streaming stores":
+        if host_copy._stream_copy is None:
+            pytest.skip("the C helper is not built in this install")
+        monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)
     spare.drop_spare()
     yield
     spare.drop_spare()
@@ -123,3 +130,28 @@ def test_memory_moved_to_shared_memory_is_never_reused():
     second = _step(requests, cache)
     assert second.data_ptr() != address
     assert torch.equal(second, naive_reference(requests))
+
+
+class NegatedViewEncoder(CountingEncoder):
+    """Returns every item's rows as a negated view of their negation: the right values,
+    in bytes that are not."""
+
+    def __call__(self, items):
+        rows = CountingEncoder.__call__(self, items)
+        return [torch._neg_view(-t) for t in rows] if self.as_list else torch._neg_view(-rows)
+
+
+@pytest.mark.parametrize("as_list", [True, False])
+def test_negated_views_are_assembled_and_cached_by_value(as_list):
+    rng = random.Random(f"negated views {as_list}")
+    cache = EmbeddingCache(1 << 24)
+    requests = _requests(rng, chunked=False)
+    encoder = NegatedViewEncoder(as_list=as_list)
+    first = embed_chunk(requests, encoder, cache=cache).embedding
+    assert torch.equal(first, naive_reference(requests))
+    again = embed_chunk(requests, encoder, cache=cache).embedding  # every row a hit
+    assert torch.equal(again, naive_reference(requests)) and len(encoder.calls) == 1
+    direct = EmbeddingCache(1 << 20)
+    direct.insert(7, torch._neg_view(-torch.arange(6.0).view(3, 2)))
+    stored = direct.lookup(7)
+    assert not stored.is_neg() and torch.equal(stored, torch.arange(6.0).view(3, 2))

@@ -1,0 +1,142 @@
+/* Whole tensors appended one after another into a large CPU destination, with streaming
+ * stores.
+ *
+ * A packed step result of many megabytes cannot stay in the CPU caches, so an ordinary
+ * copy pays twice for every destination line: it first reads the old line into the
+ * cache (to own it), then writes it back later. Streaming (non-temporal) stores write
+ * whole lines straight to memory and skip that read, about a third of the copy's memory
+ * traffic. They only pay for destinations too large to be read back from the cache
+ * anyway; the caller (host_copy.py) decides that. Without SSE2 this is a plain memcpy.
+ *
+ * The only per-tensor work is asking each tensor for its address: the caller vouches
+ * that every tensor is a contiguous CPU tensor of the destination's dtype and row
+ * length, without a negated view, holding the given number of rows (the scheduler's
+ * validated sources are). The total is checked against the destination before the first
+ * byte moves. The GIL stays held, so no other Python thread can resize or free a tensor
+ * meanwhile.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__) || defined(_M_X64)
+#include <emmintrin.h>
+#define HAVE_STREAMING_STORES 1
+#else
+#define HAVE_STREAMING_STORES 0
+#endif
+
+static PyObject *data_ptr_name; /* interned "data_ptr" */
+
+static void copy_streaming(char *dst, const char *src, size_t n) {
+#if HAVE_STREAMING_STORES
+    size_t head = (16 - ((uintptr_t)dst & 15)) & 15; /* streaming stores need 16-byte aligned targets */
+    if (head > n) {
+        head = n;
+    }
+    memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+        _mm_stream_si128((__m128i *)(dst + i), a);
+        _mm_stream_si128((__m128i *)(dst + i + 16), b);
+        _mm_stream_si128((__m128i *)(dst + i + 32), c);
+        _mm_stream_si128((__m128i *)(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
+static PyObject *append_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long dst_address, dst_bytes, row_bytes;
+    PyObject *tensors, *rows;
+    if (!PyArg_ParseTuple(args, "KKO!O!K", &dst_address, &dst_bytes, &PyList_Type, &tensors, &PyList_Type, &rows,
+                          &row_bytes)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(tensors);
+    if (PyList_GET_SIZE(rows) != n) {
+        PyErr_Format(PyExc_ValueError, "append_rows: %zd tensors but %zd row counts", n, PyList_GET_SIZE(rows));
+        return NULL;
+    }
+    size_t *sizes = (size_t *)malloc((size_t)(n > 0 ? n : 1) * 2 * sizeof(size_t));
+    if (sizes == NULL) {
+        return PyErr_NoMemory();
+    }
+    size_t *from = sizes + n;
+    PyObject *result = NULL;
+    unsigned long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long count = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(rows, i));
+        if (count == (unsigned long long)-1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (row_bytes && count > (dst_bytes - total) / row_bytes) {
+            PyErr_Format(PyExc_ValueError, "append_rows: the tensors hold more than the destination's %llu bytes",
+                         dst_bytes);
+            goto done;
+        }
+        sizes[i] = (size_t)(count * row_bytes);
+        total += count * row_bytes;
+        PyObject *address = PyObject_CallMethodNoArgs(PyList_GET_ITEM(tensors, i), data_ptr_name);
+        if (address == NULL) {
+            goto done;
+        }
+        from[i] = (size_t)PyLong_AsUnsignedLongLong(address);
+        Py_DECREF(address);
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        if (sizes[i] && from[i] == 0) {
+            PyErr_SetString(PyExc_ValueError, "append_rows: a tensor with rows has no data");
+            goto done;
+        }
+    }
+    if (total != dst_bytes || (total && dst_address == 0)) {
+        PyErr_Format(PyExc_ValueError, "append_rows: the tensors hold %llu bytes, the destination %llu", total,
+                     dst_bytes);
+        goto done;
+    }
+    char *dst = (char *)(uintptr_t)dst_address;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        copy_streaming(dst, (const char *)from[i], sizes[i]);
+        dst += sizes[i];
+    }
+#if HAVE_STREAMING_STORES
+    _mm_sfence(); /* every store is visible to any reader before the call returns */
+#endif
+    result = PyLong_FromUnsignedLongLong(total);
+done:
+    free(sizes);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"append_rows", append_rows, METH_VARARGS,
+     "append_rows(dst_address, dst_bytes, tensors, rows, row_bytes) -> int\n\n"
+     "Copy every tensor's rows[i] * row_bytes bytes, one after another, to dst_address with\n"
+     "streaming stores; the total must be dst_bytes. Returns the bytes written."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_stream_copy", "Large CPU copies with streaming stores (see host_copy.py).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__stream_copy(void) {
+    data_ptr_name = PyUnicode_InternFromString("data_ptr");
+    if (data_ptr_name == NULL) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}
