@@ -35,11 +35,11 @@ try:
 except ImportError:  # installed without a C compiler: torch.cat makes these copies
     _stream_copy = None
 
-# A destination this large cannot stay in a core's caches (nor, beside other work, in a
-# shared one): it will be read back from memory anyway, so it is written with streaming
-# stores, which skip reading every line before overwriting it. Smaller results stay on
-# torch's ordinary stores.
-STREAM_MIN_BYTES = 8 << 20
+# A destination this large outgrows a core's own caches and a thread's share of a shared
+# one (glibc's memcpy turns to streaming stores at 3/4 of that share): it will be read
+# back from memory anyway, so it is written with streaming stores, which skip reading
+# every line before overwriting it. Smaller results stay on torch's ordinary stores.
+STREAM_MIN_BYTES = 4 << 20
 
 _PYBUF_READ, _PYBUF_WRITE = 0x100, 0x200
 _dtype_of, _is_cpu, _nbytes_of = attrgetter("dtype"), attrgetter("is_cpu"), attrgetter("nbytes")
