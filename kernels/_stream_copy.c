@@ -1,19 +1,23 @@
-/* Whole tensors appended one after another into a large CPU destination, with streaming
- * stores.
+/* Rows copied into a CPU destination as plain bytes, for the scheduler's host path:
  *
- * A packed step result of many megabytes cannot stay in the CPU caches, so an ordinary
- * copy pays twice for every destination line: it first reads the old line into the
- * cache (to own it), then writes it back later. Streaming (non-temporal) stores write
- * whole lines straight to memory and skip that read, about a third of the copy's memory
- * traffic. They only pay for destinations too large to be read back from the cache
- * anyway; the caller (host_copy.py) decides that. Without SSE2 this is a plain memcpy.
+ * - append_rows: whole tensors one after another (a packed step result);
+ * - copy_ranges: byte ranges at given offsets (rows scattered into input_embeds).
  *
- * The only per-tensor work is asking each tensor for its address: the caller vouches
+ * One call copies a whole step, so no Python runs per segment. A destination of many
+ * megabytes cannot stay in the CPU caches, and an ordinary copy pays twice for every
+ * destination line: it first reads the old line into the cache (to own it), then
+ * writes it back later. Streaming (non-temporal) stores write whole lines straight to
+ * memory and skip that read, about a third of the copy's memory traffic; they only pay
+ * for destinations too large to be read back from the cache anyway, which the caller
+ * (host_copy.py) decides. Without SSE2 they are plain memcpy calls.
+ *
+ * append_rows asks each tensor for its address and nothing else: the caller vouches
  * that every tensor is a contiguous CPU tensor of the destination's dtype and row
  * length, without a negated view, holding the given number of rows (the scheduler's
- * validated sources are). The total is checked against the destination before the first
- * byte moves. The GIL stays held, so no other Python thread can resize or free a tensor
- * meanwhile.
+ * validated sources are); the total is checked against the destination. copy_ranges
+ * checks every range against the destination and the source span. Both check before
+ * the first byte moves, and hold the GIL, so no other Python thread can resize or free
+ * a tensor meanwhile.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -120,11 +124,101 @@ done:
     return result;
 }
 
+/* Reads a list of n ints; -1 with an exception set on failure. */
+static int read_column(PyObject *list, const char *what, Py_ssize_t n, long long *out) {
+    if (!PyList_Check(list) || PyList_GET_SIZE(list) != n) {
+        PyErr_Format(PyExc_ValueError, "copy_ranges: %s must be a list of %zd ints", what, n);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PyList_GET_ITEM(list, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* True when [start, start + count) lies inside [0, size). */
+static int inside(long long start, long long count, unsigned long long size) {
+    return start >= 0 && (unsigned long long)start <= size && (unsigned long long)count <= size - start;
+}
+
+static PyObject *copy_ranges(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long dst_address, dst_bytes, src_address, src_bytes;
+    PyObject *write_from, *read_from, *lengths;
+    int streaming;
+    if (!PyArg_ParseTuple(args, "KKKKO!O!O!p", &dst_address, &dst_bytes, &src_address, &src_bytes, &PyList_Type,
+                          &write_from, &PyList_Type, &read_from, &PyList_Type, &lengths, &streaming)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(lengths);
+    long long *columns = (long long *)malloc((size_t)(n > 0 ? n : 1) * 3 * sizeof(long long));
+    if (columns == NULL) {
+        return PyErr_NoMemory();
+    }
+    long long *to = columns, *from = columns + n, *count = columns + 2 * n;
+    PyObject *result = NULL;
+    if (read_column(write_from, "write_from", n, to) != 0 || read_column(read_from, "read_from", n, from) != 0 ||
+        read_column(lengths, "lengths", n, count) != 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* every range checked before the first byte moves */
+        if (count[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "copy_ranges: range %zd has a negative length", i);
+            goto done;
+        }
+        if (count[i] == 0) {
+            continue; /* an empty range reads and writes nothing, wherever it points */
+        }
+        if (!inside(to[i], count[i], dst_bytes)) {
+            PyErr_Format(PyExc_ValueError, "copy_ranges: range %zd lies outside the destination's %llu bytes", i,
+                         dst_bytes);
+            goto done;
+        }
+        if (!inside(from[i], count[i], src_bytes)) {
+            PyErr_Format(PyExc_ValueError, "copy_ranges: range %zd reads outside the sources' %llu bytes", i,
+                         src_bytes);
+            goto done;
+        }
+        if (dst_address == 0 || src_address == 0) {
+            PyErr_SetString(PyExc_ValueError, "copy_ranges: null address");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (count[i] == 0) {
+            continue;
+        }
+        char *dst = (char *)(uintptr_t)(dst_address + (unsigned long long)to[i]);
+        const char *src = (const char *)(uintptr_t)(src_address + (unsigned long long)from[i]);
+        if (streaming) {
+            copy_streaming(dst, src, (size_t)count[i]);
+        } else {
+            memcpy(dst, src, (size_t)count[i]);
+        }
+    }
+#if HAVE_STREAMING_STORES
+    if (streaming) {
+        _mm_sfence();
+    }
+#endif
+    result = Py_NewRef(Py_None);
+done:
+    free(columns);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"append_rows", append_rows, METH_VARARGS,
      "append_rows(dst_address, dst_bytes, tensors, rows, row_bytes) -> int\n\n"
      "Copy every tensor's rows[i] * row_bytes bytes, one after another, to dst_address with\n"
      "streaming stores; the total must be dst_bytes. Returns the bytes written."},
+    {"copy_ranges", copy_ranges, METH_VARARGS,
+     "copy_ranges(dst_address, dst_bytes, src_address, src_bytes, write_from, read_from, lengths, streaming)\n\n"
+     "Copy lengths[i] bytes from src_address + read_from[i] to dst_address + write_from[i] for\n"
+     "every i; every range must lie inside [0, dst_bytes) and [0, src_bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -4,20 +4,22 @@ Every torch call on the CPU pays a dispatch of about a microsecond before it mov
 byte, and a copy into a slice of another tensor pays it twice (the view, then the copy;
 ``_foreach_copy_`` loops over ``copy_`` on the CPU). A fused step writes one slice per
 image into ``input_embeds``, so at a thousand images dispatch costs more than the copy
-itself. Here each segment is one assignment between two ``memoryview`` slices, which
-CPython turns into a single ``memcpy`` for contiguous bytes, at about a quarter of a
-microsecond of overhead. Unlike torch's copies these hold the GIL while they run (about
-a millisecond for the 16 MiB of a thousand-image step), which other Python threads of the
-process wait through.
+itself. Here the table becomes byte ranges, each column computed in one pass of C
+builtins, and one call of the package's C helper (``_stream_copy.c``) copies them all,
+with streaming stores when the destination is large (``STREAM_MIN_BYTES``). Without the
+helper each range is one assignment between two ``memoryview`` slices, which CPython
+turns into a single ``memcpy``, at about a quarter of a microsecond of overhead.
 
-The views are built from raw addresses (``PyMemoryView_FromMemory``), two per call:
-one over exactly ``dst``'s bytes, writable, and one read-only view over the address
-range the sources span. Each segment is checked against its own source's bytes, every
-destination slice against ``dst``'s view, and a destination slice and its source slice
-must be the same length or the assignment raises: a wrong table fails loudly instead
-of reading another tensor or writing past ``dst``. Both views are
-released before returning, and the tensors they point into are held by the caller for
-the whole call.
+The ranges are relative to two raw addresses: ``dst``'s first byte, and the lowest first
+byte of the sources (the sources are read as one span up to the end of the highest).
+Each segment is checked against its own source's bytes here, and every range against
+``dst`` and the span by the C helper before any byte moves (or by the ``memoryview``
+views, built from raw addresses with ``PyMemoryView_FromMemory``, which refuse a slice
+assignment whose lengths differ): a wrong table fails loudly instead of reading another
+tensor or writing past ``dst``. The copies hold the GIL while they run (about a
+millisecond for the 16 MiB of a thousand-image step), which other Python threads of the
+process wait through; the tensors they point into are held by the caller for the whole
+call.
 """
 
 from __future__ import annotations
@@ -77,23 +79,29 @@ def copy_row_ranges(sources: Sequence, source_of: Sequence[int], first_row: Sequ
     # Byte ranges, each column computed in one pass that runs in C.
     starts = list(map(sub, addresses, repeat(low)))
     ends = list(map(add, starts, map(_nbytes_of, sources)))
+    lengths = list(map(mul, counts, row_bytes))
     if whole_sources:
-        read_from, read_to = starts, ends  # exact: a count that disagrees fails the assignment
+        read_from = starts
+        if lengths != list(map(sub, ends, starts)):
+            raise ValueError("a whole source's row count is not its number of rows")
     else:
         read_from = list(map(add, map(starts.__getitem__, source_of), map(mul, first_row, row_bytes)))
-        read_to = list(map(add, read_from, map(mul, counts, row_bytes)))
-        if min(first_row) < 0 or not all(map(le, read_to, map(ends.__getitem__, source_of))):
+        if min(first_row) < 0 or not all(map(le, map(add, read_from, lengths), map(ends.__getitem__, source_of))):
             raise IndexError("a segment reads rows its source does not have")
     if min(dst_rows) < 0:
         raise IndexError("a segment writes before the first row of dst")
     write_from = list(map(mul, dst_rows, row_bytes))
-    write_to = list(map(add, write_from, map(mul, counts, row_bytes)))
+    if _stream_copy is not None:
+        # Every range is checked against dst and the sources' span before any byte moves.
+        _stream_copy.copy_ranges(dst.data_ptr(), dst.nbytes, low, max(ends), write_from, read_from, lengths,
+                                 dst.nbytes >= STREAM_MIN_BYTES)
+        return
     make = _view_from_memory()
     into = make(dst.data_ptr(), dst.nbytes, _PYBUF_WRITE)
     read = make(low, max(ends), _PYBUF_READ)
     try:
-        for a, b, c, d in zip(write_from, write_to, read_from, read_to):
-            into[a:b] = read[c:d]
+        for a, c, n in zip(write_from, read_from, lengths):
+            into[a : a + n] = read[c : c + n]
     finally:
         read.release()
         into.release()

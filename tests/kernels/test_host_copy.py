@@ -7,9 +7,22 @@ import pytest
 import torch
 
 from mm_schedule.kernels import host_copy
-from mm_schedule.kernels.host_copy import append_whole_sources, can_copy_bytes, copy_row_ranges
+from mm_schedule.kernels.host_copy import can_copy_bytes, copy_row_ranges
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8]
+
+
+@pytest.fixture(autouse=True, params=["c-helper", "c-helper streaming", "memoryview"])
+def byte_copies(request, monkeypatch):
+    """Every test on each way bytes move: the C helper with ordinary stores, with streaming
+    stores (any destination counts as large), and the memoryview loop it replaces."""
+    if request.param == "memoryview":
+        monkeypatch.setattr(host_copy, "_stream_copy", None)
+    elif host_copy._stream_copy is None:
+        pytest.skip("the C helper is not built in this install")
+    elif request.param == "c-helper streaming":
+        monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)
+    return request.param
 
 
 def _random_step(rng: random.Random, gen: torch.Generator, dtype, hidden: int):
@@ -123,47 +136,3 @@ def test_an_empty_source_is_ignored_until_a_segment_names_it():
         copy_row_ranges(sources, [1], [0], [1], [3], dst)
     with pytest.raises(ValueError):
         copy_row_ranges(sources, [0, 1, 2], [0, 0, 0], [3, 1, 2], [0, 3, 4], dst, whole_sources=True)
-
-
-# -- streaming appends (the packed result of a large step) ---------------------------------
-
-
-@pytest.fixture
-def streaming(monkeypatch):
-    if host_copy._stream_copy is None:
-        pytest.skip("the C helper is not built in this install")
-    monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)  # small tensors take the large-result path
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_streaming_append_is_torch_cat(streaming, dtype):
-    """Random row counts (so sources start at every alignment), empty sources included."""
-    rng = random.Random()
-    gen = torch.Generator().manual_seed(rng.randrange(2**31))
-    hidden = rng.choice([1, 3, 8, 24, 100])
-    sources = []
-    for _ in range(rng.randint(1, 40)):
-        rows = rng.choice([0, 1, rng.randint(2, 90)])
-        sources.append(torch.randn(rows, hidden, generator=gen, dtype=torch.float64).mul(50).to(dtype))
-    total = sum(s.shape[0] for s in sources)
-    dst = _poisoned(total, hidden, dtype)
-    assert append_whole_sources(sources, [s.shape[0] for s in sources], dst)
-    assert torch.equal(dst.view(torch.uint8), torch.cat(sources).view(torch.uint8))
-
-
-def test_streaming_append_checks_the_total_before_writing(streaming):
-    sources = [torch.randn(2, 8), torch.randn(3, 8)]
-    for rows in ([2, 2], [2, 4], [2**62, 2**62]):
-        dst = _poisoned(5, 8, torch.float32)
-        with pytest.raises(ValueError, match="append_rows"):
-            append_whole_sources(sources, rows, dst)
-        assert torch.equal(dst, _poisoned(5, 8, torch.float32))  # nothing written
-    with pytest.raises(ValueError, match="2 tensors but 1 row counts"):
-        append_whole_sources(sources, [5], _poisoned(5, 8, torch.float32))
-
-
-def test_small_or_other_destinations_stay_on_torch_cat(monkeypatch):
-    monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 1 << 20)
-    assert not append_whole_sources([torch.randn(4, 8)], [4], torch.empty(4, 8))
-    monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)
-    assert not append_whole_sources([torch.randn(4, 8)], [4], torch.empty(4, 8, device="meta"))

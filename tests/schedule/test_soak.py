@@ -23,8 +23,10 @@ from mm_schedule import (
     combine_hashes,
     embed_chunk,
     merge_chunk,
+    spare,
 )
 from mm_schedule.errors import EmbeddingLengthMismatch, EncoderOutputError
+from mm_schedule.kernels import host_copy
 
 from .conftest import BACKENDS
 from .helpers import HIDDEN, item_rows, naive_reference, truth
@@ -122,12 +124,25 @@ def run_chunk(reqs, encoder, cache, ctx, fused):
     return got, embeds
 
 
-@pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+@pytest.fixture
+def stores(request, backend, monkeypatch):
+    """``streaming stores`` (torch backend): every CPU copy the C helper makes is streamed,
+    and every packed result is taken from the spare and written by it."""
+    if request.param == "streaming stores":
+        if host_copy._stream_copy is None:
+            pytest.skip("the C helper is not built in this install")
+        monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)
+        monkeypatch.setattr(spare, "MIN_BYTES", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("backend, stores", [(b, "ordinary stores") for b in BACKENDS] +
+                         [("torch", "streaming stores")], indirect=True)
 @settings(max_examples=25, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), fused=st.booleans(), budget_rows=st.sampled_from([1, 4, 12]),
        token_budget=st.sampled_from([None, 4]))
-def test_soak_against_reference(backend, seed, fused, budget_rows, token_budget):
+def test_soak_against_reference(backend, stores, seed, fused, budget_rows, token_budget):
     rng = random.Random(seed)
     batch = build_batch(rng)
     want_entries = expected_entries(batch)
