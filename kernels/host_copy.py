@@ -116,7 +116,8 @@ def append_whole_sources(sources: list, rows: list, dst) -> bool:
     ``dst``'s dtype and row length, not a negated view, with ``rows[i]`` rows, and the
     rows add up to ``dst``'s (the scheduler's validated sources are). Only the total
     is checked (``ValueError`` before anything is written)."""
-    if _stream_copy is None or not dst.is_cpu or dst.nbytes < STREAM_MIN_BYTES or dst.dim() != 2:
+    if (_stream_copy is None or not dst.is_cpu or dst.nbytes < STREAM_MIN_BYTES or dst.dim() != 2
+            or not dst.is_contiguous()):
         return False
     _stream_copy.append_rows(dst.data_ptr(), dst.nbytes, sources, rows, dst.shape[1] * dst.element_size())
     return True

@@ -57,6 +57,7 @@ def test_small_or_other_destinations_stay_on_torch_cat(monkeypatch):
     assert not append_whole_sources([torch.randn(4, 8)], [4], torch.empty(4, 8))
     monkeypatch.setattr(host_copy, "STREAM_MIN_BYTES", 0)
     assert not append_whole_sources([torch.randn(4, 8)], [4], torch.empty(4, 8, device="meta"))
+    assert not append_whole_sources([torch.randn(4, 8)], [4], torch.empty(8, 4).t())  # not contiguous
 
 
 @pytest.mark.parametrize("streaming", [False, True])
