@@ -129,7 +129,7 @@ def _learn(expected: Expected, hidden: int, dtype: Any, device: Any) -> None:
     expected.dtypes.add(dtype)
 
 
-def _plain(t: Any) -> Any:
+def plain_rows(t: Any) -> Any:
     """``t`` contiguous and not a negated view: rows the assembly may copy as bytes."""
     if t.is_neg():
         t = t.resolve_neg()
@@ -153,7 +153,7 @@ def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) ->
                 expected=plan.rows[i], received=flat.shape[0], request=plan.requests[i],
                 item_hash=_hash_of(plan.first_items[i]), what="precomputed embedding rows",
             )
-        tensors[i] = _plain(flat)
+        tensors[i] = plain_rows(flat)
 
 
 def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensors: list[Any],
@@ -187,7 +187,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
         for s, piece in zip(batch, pieces):
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
-            tensors[s] = _plain(piece)
+            tensors[s] = plain_rows(piece)
         encoded.extend(batch)
     return encoded
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..encode import Encoders, encode_misses
 from ..plan import HIT, MISS, PRECOMPUTED, StepPlan, batch_misses
-from ..validate import Expected, check_outputs, check_tensor
+from ..validate import Expected, check_outputs, check_tensor, plain_rows
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
 from .faults import Fault, raise_agreed_fault, settle
@@ -142,7 +142,7 @@ class RankStep:
         for (i, owner), t in zip(units, received):
             if owner != rank:
                 where = f"request {plan.requests[i]}, item hash {_hash_of(plan, i)}"
-                tensors[i] = check_tensor(t, expected, where, f"the rows received from rank {owner}")
+                tensors[i] = plain_rows(check_tensor(t, expected, where, f"the rows received from rank {owner}"))
 
     def _output_shapes(
         self, plan: StepPlan, tensors: list[Any], encoded: Sequence[int], modalities: Sequence[str]
