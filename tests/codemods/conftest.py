@@ -3,14 +3,20 @@ tests do not depend on the derived SGLang map's exact contents) and before/after
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
+import sys
 import textwrap
+import zipfile
+from pathlib import Path
 
 import pytest
 
 from mm_schedule.codemods.move_map import MoveMap
 from mm_schedule.codemods.transform import migrate_source
 
+WHOLE = 1 << 62  # a segment threshold no file reaches: the whole-file pass
 OLD = "sglang.srt.managers.mm_utils"
 NEW = "sglang.srt.managers.mm_schedule"
 
@@ -100,3 +106,30 @@ def check(move_map):
     return lambda before, after, package="app", codes=None: _assert_migrates(
         before, after, move_map, package=package, codes=codes
     )
+
+
+@functools.cache
+def realworld_helpers():
+    """``realworld_check.py`` beside this file, loaded as a module (the tests folder is
+    not a package)."""
+    path = Path(__file__).with_name("realworld_check.py")
+    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def release_sources(version: str):
+    """``(name, package, source)`` of every ``.py`` file of SGLang ``version``'s wheel, in
+    name order (skips the test when the wheel cannot be had)."""
+    with zipfile.ZipFile(realworld_helpers().sglang_wheel(version)) as wheel:
+        for name in sorted(wheel.namelist()):
+            if name.endswith(".py"):
+                yield name, name.rsplit("/", 1)[0].replace("/", "."), wheel.read(name)
+
+
+def assert_segmented_pass_matches(source: bytes, move_map: MoveMap, name: str, package: str) -> None:
+    """Forcing the segmented pass changes neither the output nor the findings."""
+    whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
+    assert migrate_source(source, move_map, path=name, package=package, segment_above=0) == whole, name

@@ -150,41 +150,6 @@ def test_an_unreadable_folder_is_reported_and_the_rest_still_runs(tree, map_file
     assert "closed: MMS904 [error] cannot read folder: Permission denied" in capsys.readouterr().err
 
 
-def test_an_undecodable_file_name_is_reported_and_the_rest_still_runs(tree, map_file, capsys, cli_main):
-    _put(tree, "a.py")
-    bad = os.fsdecode(b"bad\xff.py")
-    (tree / bad).write_text(MOVING)
-    report = tree.parent / "r.json"
-    assert cli_main("--write", ".", "--json", report, map_file=map_file) == 2
-    assert (tree / "a.py").read_text() == MOVED
-    assert (tree / bad).read_text() == MOVING
-    err = capsys.readouterr().err
-    assert "bad\\udcff.py: MMS905 [error] file name is not valid UTF-8" in err
-    doc = json.loads(report.read_text(encoding="utf-8"))
-    assert doc["changed_files"] == ["a.py"]
-    assert doc["failed_files"][0]["path"] == "bad\\udcff.py"
-
-
-def test_a_folder_that_cannot_be_listed_is_reported_even_for_root(tree, map_file, monkeypatch,
-                                                                  capsys, cli_main):
-    """The same path as above where permissions cannot deny root: listing fails."""
-    from mm_schedule.codemods import discovery
-
-    _put(tree, "a.py", "closed/b.py")
-    real_scandir = os.scandir
-
-    def scandir(path):
-        if os.path.basename(path) == "closed":
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_scandir(path)
-
-    monkeypatch.setattr(discovery.os, "scandir", scandir)
-    assert cli_main("--write", ".", map_file=map_file) == 2
-    assert (tree / "a.py").read_text() == MOVED
-    assert (tree / "closed/b.py").read_text() == MOVING
-    assert "closed: MMS904 [error] cannot read folder: Permission denied" in capsys.readouterr().err
-
-
 def test_a_nested_project_uses_its_own_table_below_it(tree, map_file, cli_main):
     (tree / "pyproject.toml").write_text('[tool.mm-schedule-codemod]\nextend-exclude = ["old"]\n')
     (tree / "sub").mkdir()

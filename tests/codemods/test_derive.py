@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -17,6 +16,8 @@ import pytest
 from mm_schedule.codemods import derive
 from mm_schedule.codemods.move_map import KINDS, MovedName, MoveMap, load_map
 from mm_schedule.errors import MoveMapError
+
+from .conftest import realworld_helpers
 
 OLD = "pkg.sub.olds"
 NEW = "pkg.sub.news"
@@ -559,18 +560,9 @@ def test_runs_as_a_module(tmp_path):
 # --------------------------------------------------------------------------- the shipped map
 
 
-def _realworld():
-    path = Path(__file__).with_name("realworld_check.py")
-    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.realworld
 def test_shipped_sglang_map_is_exactly_what_derive_produces():
-    rw = _realworld()
+    rw = realworld_helpers()
     old, new = rw.sglang_wheel("0.5.17"), rw.sglang_wheel("0.5.18")
     assert old.is_file() and new.is_file()
     m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=["sglang==0.4.6", "sglang==0.5.9"],
@@ -639,7 +631,7 @@ def test_maps_between_distant_sglang_releases_only_rewrite_to_homes_that_exist(o
     module no longer binds is accounted for (moved, sent to a checked origin, or reported)."""
     import ast
 
-    rw = _realworld()
+    rw = realworld_helpers()
     old_wheel, new_wheel = rw.sglang_wheel(old_version), rw.sglang_wheel("0.5.18")
     m = derive.derive_from_wheels(str(old_wheel), str(new_wheel))
 

@@ -6,12 +6,12 @@ Opt-in (marker ``realworld``); skipped when the package registry cannot be reach
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from .conftest import realworld_helpers
 
 pytestmark = pytest.mark.realworld
 
@@ -60,16 +60,7 @@ PROBE_BREAKS = {
 }
 
 
-def _helpers():
-    path = Path(__file__).with_name("realworld_check.py")
-    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-rw = _helpers()
+rw = realworld_helpers()
 
 
 @pytest.fixture(scope="module")

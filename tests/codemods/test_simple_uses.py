@@ -14,7 +14,7 @@ from mm_schedule.codemods.segments import reduce, statement_spans, watch_words
 from mm_schedule.codemods.simple_uses import statement_uses
 from mm_schedule.codemods.transform import migrate_source
 
-WHOLE = 1 << 62  # never segment
+from .conftest import WHOLE, assert_segmented_pass_matches, release_sources
 
 HEADER = '''"""A generated module."""
 import importlib
@@ -283,18 +283,8 @@ def test_simple_uses_on_real_code_with_a_busier_map():
     """Real SGLang 0.5.17 code under a map that moves widely used helpers out of
     ``sglang.srt.utils``: many top-level functions and classes take the simple-use path,
     and every file still comes out exactly as the whole-file pass makes it."""
-    import importlib.util
-    import sys
-    import zipfile
-    from pathlib import Path
-
     from mm_schedule.codemods.move_map import MoveMap
 
-    path = Path(__file__).with_name("realworld_check.py")
-    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
-    rw = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, rw)
-    spec.loader.exec_module(rw)
     names = ["add_prefix", "is_cuda", "get_bool_env_var", "is_hip", "is_npu", "_is_cuda", "make_layers",
              "set_weight_attrs", "is_cpu", "get_device_name"]
     move_map = MoveMap.from_dict({
@@ -304,20 +294,15 @@ def test_simple_uses_on_real_code_with_a_busier_map():
         "unmapped_imports": {},
     })
     files = fast = 0
-    with zipfile.ZipFile(rw.sglang_wheel("0.5.17")) as wheel:
-        for name in sorted(wheel.namelist()):
-            source = wheel.read(name) if name.endswith(".py") else b""
-            reduced = reduce(source, move_map) if b"utils" in source else None
-            if reduced is None or not _fast_statements(reduced):
-                continue
-            package = name.rsplit("/", 1)[0].replace("/", ".")
-            whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
-            parts = migrate_source(source, move_map, path=name, package=package, segment_above=0)
-            assert parts == whole, name
-            files += 1
-            fast += _fast_statements(reduced)
-            if files == 50:
-                break
+    for name, package, source in release_sources("0.5.17"):
+        reduced = reduce(source, move_map) if b"utils" in source else None
+        if reduced is None or not _fast_statements(reduced):
+            continue
+        assert_segmented_pass_matches(source, move_map, name, package)
+        files += 1
+        fast += _fast_statements(reduced)
+        if files == 50:
+            break
     assert files == 50 and fast > 80
 
 

@@ -13,7 +13,7 @@ import pytest
 from mm_schedule.codemods.segments import reduce, statement_spans
 from mm_schedule.codemods.transform import migrate_source
 
-WHOLE = 1 << 62  # never segment
+from .conftest import WHOLE, assert_segmented_pass_matches, release_sources
 
 RELEVANT = [
     '''
@@ -172,29 +172,13 @@ def test_segmented_pass_keeps_odd_bytes(move_map, prefix, newline):
 def test_segmented_pass_equals_whole_file_pass_on_a_real_release():
     """Every file of SGLang 0.5.17 that mentions either module: forcing the segmented
     pass changes neither the output nor the findings."""
-    import importlib.util
-    import sys
-    import zipfile
-    from pathlib import Path
-
     from mm_schedule.codemods.move_map import load_map
 
-    path = Path(__file__).with_name("realworld_check.py")
-    spec = importlib.util.spec_from_file_location("mm_codemod_realworld_check", path)
-    rw = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, rw)
-    spec.loader.exec_module(rw)
     move_map = load_map()
     checked = 0
-    with zipfile.ZipFile(rw.sglang_wheel("0.5.17")) as wheel:
-        for name in wheel.namelist():
-            source = wheel.read(name) if name.endswith(".py") else b""
-            if b"mm_utils" not in source and b"mm_schedule" not in source:
-                continue
-            package = name.rsplit("/", 1)[0].replace("/", ".")
-            whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
-            parts = migrate_source(source, move_map, path=name, package=package, segment_above=0)
-            assert parts == whole, name
+    for name, package, source in release_sources("0.5.17"):
+        if b"mm_utils" in source or b"mm_schedule" in source:
+            assert_segmented_pass_matches(source, move_map, name, package)
             checked += 1
     assert checked > 50
 
