@@ -33,7 +33,7 @@ import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
-from mm_schedule.codemods import derive
+from mm_schedule.codemods.movemap import derive, sources
 
 TREE_VERSION = "0.5.17"
 RENAMED = "_get_chunked_embedding_full"
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.out is None:
         args.out = RESULTS
 
-    wheel = derive.fetch_archive(f"sglang=={TREE_VERSION}", args.wheel_cache)
+    wheel = sources.fetch_archive(f"sglang=={TREE_VERSION}", args.wheel_cache)
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-codemod-") as tmp:
         tmp = Path(tmp)

@@ -37,8 +37,8 @@ from pathlib import Path
 
 from _results_file import replace_section
 
-from mm_schedule.codemods.move_map import load_map
-from mm_schedule.codemods.relevance import fork_warnings
+from mm_schedule.codemods.movemap.schema import load_map
+from mm_schedule.codemods.rules.fork import fork_warnings
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "codemod.md"

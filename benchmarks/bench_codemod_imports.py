@@ -31,8 +31,8 @@ SECTION = "## Many one-name imports"
 
 RUNNER = """
 import json, resource, sys, time
-from mm_schedule.codemods.move_map import load_map
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.movemap.schema import load_map
+from mm_schedule.codemods.engine.transform import migrate_source
 source = open(sys.argv[1], "rb").read()
 move_map = load_map()
 start, cpu = time.perf_counter(), time.process_time()
@@ -43,7 +43,7 @@ print(json.dumps({"wall": wall, "cpu": cpu, "rss_mb": resource.getrusage(resourc
 """
 
 MOVED_NAMES = """
-from mm_schedule.codemods.move_map import load_map
+from mm_schedule.codemods.movemap.schema import load_map
 print(" ".join(sorted(load_map().moved)))
 """
 

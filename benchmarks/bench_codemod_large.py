@@ -81,8 +81,8 @@ class Thing{i}:
 # Runs in the subprocess: migrate one file, print wall time, peak RSS and a digest.
 RUNNER = """
 import hashlib, json, resource, sys, time
-from mm_schedule.codemods.move_map import load_map
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.movemap.schema import load_map
+from mm_schedule.codemods.engine.transform import migrate_source
 source = open(sys.argv[1], "rb").read()
 move_map = load_map()
 start, cpu = time.perf_counter(), time.process_time()

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_schedule.codemods.move_map import MoveMap
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.movemap.schema import MoveMap
 
 WHOLE = 1 << 62  # a segment threshold no file reaches: the whole-file pass
 OLD = "sglang.srt.managers.mm_utils"

@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from mm_schedule.codemods import derive
+from mm_schedule.codemods.movemap import bindings, derive, sources
 from mm_schedule.errors import MoveMapError
 
 OLD_MODULE = derive.SGLANG_OLD_MODULE
@@ -34,14 +34,14 @@ DOWNLOAD_TIMEOUT_S = 50.0
 _ATTRIBUTE_SETTERS = {"object", "setattr", "delattr"}
 
 
-wheel_cache = derive.default_wheel_cache
+wheel_cache = sources.default_wheel_cache
 
 
 def sglang_wheel(version: str) -> Path:
     """The SGLang wheel for ``version``: from the cache, else downloaded; skips the test
     when the registry cannot be reached in time."""
     try:
-        return derive.fetch_archive(f"sglang=={version}", wheel_cache(), timeout=DOWNLOAD_TIMEOUT_S)
+        return sources.fetch_archive(f"sglang=={version}", wheel_cache(), timeout=DOWNLOAD_TIMEOUT_S)
     except MoveMapError as exc:
         pytest.skip(f"SGLang {version} wheel unavailable (registry unreachable?): {exc}")
 
@@ -67,7 +67,7 @@ def release_bindings(wheel: Path, modules: tuple[str, ...] = (OLD_MODULE, NEW_MO
     """Top-level names (defined or imported) each module binds in that release."""
     out = {}
     for module in modules:
-        found = derive.scan(derive.read_archive_source(wheel, module))
+        found = bindings.scan(sources.read_archive_source(wheel, module))
         out[module] = set(found.defined) | set(found.imported)
     return out
 

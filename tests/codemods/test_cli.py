@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from mm_schedule.codemods import cli
+from mm_schedule.codemods import cli, pipeline
 
 MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature\n"
 MOVED = (
@@ -154,10 +154,10 @@ def test_process_pool_gives_the_same_result(project, map_file):
 
 
 def test_derive_subcommand_is_dispatched(monkeypatch):
-    from mm_schedule.codemods import derive
+    from mm_schedule.codemods.movemap import derive_cli
 
     seen = []
-    monkeypatch.setattr(derive, "main", lambda argv: seen.append(argv) or 7)
+    monkeypatch.setattr(derive_cli, "main", lambda argv: seen.append(argv) or 7)
     assert cli.main(["derive", "--old", "x.py"]) == 7
     assert seen == [["--old", "x.py"]]
 
@@ -180,14 +180,14 @@ def test_module_entry_point_runs_without_torch(project, map_file):
 
 
 def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, monkeypatch, capsys, cli_main):
-    real = cli.migrate_source
+    real = pipeline.migrate_source
 
     def flaky(source, move_map, *, path, package, gate):
         if path.endswith("a.py"):
             raise RuntimeError("boom")
         return real(source, move_map, path=path, package=package, gate=gate)
 
-    monkeypatch.setattr(cli, "migrate_source", flaky)
+    monkeypatch.setattr(pipeline, "migrate_source", flaky)
     (project / "c.py").write_text(MOVING)
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert (project / "c.py").read_text() == MOVED

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mm_schedule.codemods import cli
-from mm_schedule.codemods.failures import FAILURES
+from mm_schedule.codemods import pipeline
+from mm_schedule.codemods.cli import entry as cli_entry
+from mm_schedule.codemods.report import exit_status
+from mm_schedule.codemods.report.failures import FAILURES
 
 MOVING = "from sglang.srt.managers.mm_utils import get_embedding_chunk\n"
 MOVED = "from sglang.srt.managers.mm_schedule import get_embedding_chunk\n"
@@ -60,7 +62,7 @@ def _missing_argument(tree, monkeypatch):
 
 def _unlistable_folder(tree, monkeypatch):
     """A folder whose listing fails (mode 0 for anyone but root)."""
-    from mm_schedule.codemods import discovery
+    from mm_schedule.codemods.workspace import discovery
 
     (tree / "closed").mkdir()
     (tree / "closed" / "b.py").write_text(MOVING)
@@ -104,14 +106,14 @@ def _unsearchable_folder(tree, monkeypatch):
 
 def _unreadable_file(tree, monkeypatch):
     (tree / "locked.py").write_text(MOVING)
-    real = cli.read_snapshot
+    real = pipeline.read_snapshot
 
     def read_snapshot(path):
         if path.name == "locked.py":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
 
-    monkeypatch.setattr(cli, "read_snapshot", read_snapshot)
+    monkeypatch.setattr(pipeline, "read_snapshot", read_snapshot)
     return [], [("locked.py", "MMS904", "cannot read: Permission denied")]
 
 
@@ -166,7 +168,7 @@ def test_the_tree_is_walked_to_the_end_before_the_first_file_is_written(tree, ma
     os.symlink("self.py", tree / "self.py")
     os.symlink("gone.py", tree / "y_broken.py")  # after a.py and b.py in walking order
     events = []
-    real_discover, real_replace = cli.discover, cli.replace
+    real_discover, real_replace = pipeline.discover, pipeline.replace
 
     def discover(*args, **kwargs):
         found = real_discover(*args, **kwargs)
@@ -177,8 +179,8 @@ def test_the_tree_is_walked_to_the_end_before_the_first_file_is_written(tree, ma
         events.append(("write", snapshot.path.name))
         return real_replace(snapshot, data, guard)
 
-    monkeypatch.setattr(cli, "discover", discover)
-    monkeypatch.setattr(cli, "replace", replace)
+    monkeypatch.setattr(pipeline, "discover", discover)
+    monkeypatch.setattr(pipeline, "replace", replace)
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert events[0] == ("walked", ["self.py", "y_broken.py"])
     assert sorted(events[1:]) == [("write", "a.py"), ("write", "b.py"), ("write", "z.py")]
@@ -202,13 +204,13 @@ def test_failure_codes_and_exit_statuses_are_documented():
     docs = DOCS.read_text(encoding="utf-8")
     for code, (name, summary) in FAILURES.items():
         assert f"\n| `{code}` | `{name}` | {summary} |\n" in docs, code
-    help_text = cli._parser().format_help()
-    assert help_text.rstrip().endswith(cli.EXIT_STATUS_HELP.rstrip())
+    help_text = cli_entry._parser().format_help()
+    assert help_text.rstrip().endswith(exit_status.EXIT_STATUS_HELP.rstrip())
     table = docs[docs.index("## Exit status"):docs.index("## Paths that cannot be processed")]
-    for status in (cli.EXIT_OK, cli.EXIT_REMAINING, cli.EXIT_FAILED, cli.EXIT_USAGE,
-                   cli.EXIT_INTERRUPTED, cli.EXIT_TERMINATED):
+    for status in (exit_status.EXIT_OK, exit_status.EXIT_REMAINING, exit_status.EXIT_FAILED, exit_status.EXIT_USAGE,
+                   exit_status.EXIT_INTERRUPTED, exit_status.EXIT_TERMINATED):
         assert re.search(rf"^\| {status} \|", table, re.M), status
-        assert re.search(rf"^  {status} ", cli.EXIT_STATUS_HELP, re.M), status
+        assert re.search(rf"^  {status} ", exit_status.EXIT_STATUS_HELP, re.M), status
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

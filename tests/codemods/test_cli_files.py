@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from mm_schedule.codemods import cli
+from mm_schedule.codemods import pipeline
 
 IMPORT = b"from sglang.srt.managers.mm_utils import get_embedding_chunk, hash_feature"
 SPLIT = (b"from sglang.srt.managers.mm_schedule import get_embedding_chunk",
@@ -103,7 +103,7 @@ def test_line_endings_and_odd_bytes_are_kept(tree, map_file, before, after, cli_
 def test_an_edit_made_during_the_run_is_kept_and_migrated(tree, map_file, monkeypatch, cli_main):
     target = tree / "a.py"
     target.write_bytes(MOVING)
-    real_replace = cli.replace
+    real_replace = pipeline.replace
     edits = []
 
     def edit_first(snapshot, data, guard=None):
@@ -113,7 +113,7 @@ def test_an_edit_made_during_the_run_is_kept_and_migrated(tree, map_file, monkey
                 handle.write(b"USER_EDIT = 1\n")
         return real_replace(snapshot, data, guard)
 
-    monkeypatch.setattr(cli, "replace", edit_first)
+    monkeypatch.setattr(pipeline, "replace", edit_first)
     assert cli_main("--write", ".", map_file=map_file) == 0
     assert target.read_bytes() == MOVED + b"USER_EDIT = 1\n"
 
@@ -123,7 +123,7 @@ def test_a_file_that_keeps_changing_is_left_with_the_users_content(tree, map_fil
     target = tree / "a.py"
     target.write_bytes(MOVING)
     (tree / "b.py").write_bytes(MOVING)
-    real_replace = cli.replace
+    real_replace = pipeline.replace
 
     def always_edit(snapshot, data, guard=None):
         if snapshot.path.name == "a.py":
@@ -131,7 +131,7 @@ def test_a_file_that_keeps_changing_is_left_with_the_users_content(tree, map_fil
                 handle.write(b"# edited\n")
         return real_replace(snapshot, data, guard)
 
-    monkeypatch.setattr(cli, "replace", always_edit)
+    monkeypatch.setattr(pipeline, "replace", always_edit)
     report = tree.parent / "r.json"
     assert cli_main("--write", ".", "--json", report, map_file=map_file) == 2
     assert target.read_bytes() == MOVING + b"# edited\n# edited\n"
@@ -192,14 +192,14 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
                                                                          monkeypatch, capsys, cli_main):
     import time
 
-    real = cli.migrate_source
+    real = pipeline.migrate_source
 
     def hangs_on_slow(source, move_map, *, path, package, gate):
         if path == "slow.py":
             time.sleep(3600)
         return real(source, move_map, path=path, package=package, gate=gate)
 
-    monkeypatch.setattr(cli, "migrate_source", hangs_on_slow)
+    monkeypatch.setattr(pipeline, "migrate_source", hangs_on_slow)
     (tree / "slow.py").write_bytes(MOVING)
     (tree / "fast.py").write_bytes(MOVING)
     assert cli_main("--write", ".", "--timeout", "2", map_file=map_file) == 2
@@ -211,7 +211,7 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
 def test_when_the_owner_cannot_be_kept_the_file_is_written_in_place(tree, map_file, monkeypatch, cli_main):
     """What a user who is not root meets with a group-writable file of someone else:
     a new inode could not be given the old owner, so the old inode is rewritten."""
-    from mm_schedule.codemods import writing
+    from mm_schedule.codemods.workspace import writing
 
     target = tree / "theirs.py"
     target.write_bytes(MOVING)
@@ -230,14 +230,14 @@ def test_a_file_removed_during_the_run_is_not_brought_back(tree, map_file, monke
                                                            cli_main):
     (tree / "a.py").write_bytes(MOVING)
     (tree / "b.py").write_bytes(MOVING)
-    real_replace = cli.replace
+    real_replace = pipeline.replace
 
     def remove_first(snapshot, data, guard=None):
         if snapshot.path.name == "a.py":
             os.unlink(snapshot.path)
         return real_replace(snapshot, data, guard)
 
-    monkeypatch.setattr(cli, "replace", remove_first)
+    monkeypatch.setattr(pipeline, "replace", remove_first)
     assert cli_main("--write", ".", map_file=map_file) == 2
     assert not (tree / "a.py").exists() and (tree / "b.py").read_bytes() == MOVED
     err = capsys.readouterr().err

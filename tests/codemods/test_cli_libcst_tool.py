@@ -7,7 +7,7 @@ import sys
 
 from libcst.codemod import CodemodContext, CodemodTest
 
-from mm_schedule.codemods.transform import MoveImportsCommand
+from mm_schedule.codemods.cli.libcst_command import MoveImportsCommand
 
 
 class TestMoveImportsCommand(CodemodTest):
@@ -55,7 +55,7 @@ def test_libcst_tool_runs_the_command_by_dotted_path(tmp_path, map_file):
     target.write_text("from sglang.srt.managers.mm_utils import get_embedding_chunk\n")
     proc = subprocess.run(
         [sys.executable, "-m", "libcst.tool", "codemod", "-x",
-         "mm_schedule.codemods.transform.MoveImportsCommand", "--no-format", "--hide-progress",
+         "mm_schedule.codemods.cli.libcst_command.MoveImportsCommand", "--no-format", "--hide-progress",
          "-j", "1", str(target), "--map", str(map_file)],
         capture_output=True, text=True, cwd=tmp_path,
     )

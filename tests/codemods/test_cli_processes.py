@@ -145,7 +145,7 @@ def test_the_guard_removes_a_temporary_name_when_the_run_is_killed_between_link_
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from mm_schedule.codemods.writing import TempGuard\n"
+        "from mm_schedule.codemods.workspace.writing import TempGuard\n"
         "guard = TempGuard.start()\n"
         "name = Path(sys.argv[1]) / '.a.py.1.0.mm-schedule-codemod.tmp'\n"
         "guard.pending(name)\n"
@@ -177,7 +177,7 @@ def test_the_guard_puts_back_a_file_whose_in_place_write_a_kill_interrupted(tmp_
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from mm_schedule.codemods.writing import TempGuard\n"
+        "from mm_schedule.codemods.workspace.writing import TempGuard\n"
         "target, finished = Path(sys.argv[1]), Path(sys.argv[2])\n"
         "guard = TempGuard.start()\n"
         "guard.writing(finished, finished.read_bytes())\n"

@@ -161,7 +161,7 @@ def test_json_on_stdout_and_a_diff_together_are_refused(tree, map_file, capsys):
 
 
 def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monkeypatch, capsys):
-    from mm_schedule.codemods.move_map import load_map
+    from mm_schedule.codemods.movemap.schema import load_map
 
     earlier = sorted(load_map().earlier)
     assert earlier, "the shipped map records names lost in earlier releases"

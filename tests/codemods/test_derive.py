@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mm_schedule.codemods import derive
-from mm_schedule.codemods.move_map import KINDS, MovedName, MoveMap, load_map
+from mm_schedule.codemods.movemap import bindings, derive, derive_cli, sources
+from mm_schedule.codemods.movemap.schema import KINDS, MovedName, MoveMap, load_map
 from mm_schedule.errors import MoveMapError
 
 from .conftest import realworld_helpers
@@ -450,7 +450,7 @@ def test_source_tarball_is_read_too(tmp_path):
             info = tarfile.TarInfo(member)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
-    source = derive.read_archive_source(sdist, "demo.core.util")
+    source = sources.read_archive_source(sdist, "demo.core.util")
     assert source.origin == "demo 1.0: demo-1.0/python/demo/core/util.py"
     assert source.text == "def f(): ...\n" and source.package == "demo.core"
 
@@ -460,11 +460,11 @@ def test_from_wheels_errors(tmp_path):
     with pytest.raises(MoveMapError, match=r"has no file for module 'demo\.core\.absent'"):
         derive.derive_from_wheels(str(old), str(new), old_module="demo.core.absent", new_module="demo.core.sched")
     with pytest.raises(MoveMapError, match="neither an existing file nor a pinned requirement"):
-        derive.fetch_archive("demo>=1", cache=tmp_path)
+        sources.fetch_archive("demo>=1", cache=tmp_path)
     text = tmp_path / "notes.txt"
     text.write_text("x")
     with pytest.raises(MoveMapError, match="not a wheel"):
-        derive.read_archive_source(text, "demo")
+        sources.read_archive_source(text, "demo")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -480,10 +480,10 @@ def _cli_files(tmp_path: Path) -> list[str]:
 def test_cli_writes_the_same_map_as_the_api(tmp_path, capsys):
     args = _cli_files(tmp_path)
     out = tmp_path / "map.json"
-    assert derive.main([*args, "-o", str(out)]) == 0
+    assert derive_cli.main([*args, "-o", str(out)]) == 0
     api = derive.derive_map(args[1], args[3:5], old_module=OLD, new_module=NEW)
     assert out.read_text() == api.to_json()
-    assert derive.main(["derive", *args]) == 0  # as dispatched by the umbrella CLI
+    assert derive_cli.main(["derive", *args]) == 0  # as dispatched by the umbrella CLI
     assert capsys.readouterr().out == api.to_json()
 
 
@@ -496,9 +496,9 @@ def test_cli_refuses_an_output_it_cannot_write_before_deriving(tmp_path, capsys,
                    "under_a_file": (tmp_path / "plain.txt" / "m.json",
                                     f"{tmp_path / 'plain.txt'} is not a folder"),
                    "a_folder": (tmp_path, "is a folder")}[where]
-    monkeypatch.setattr(derive, "derive_map", lambda *a, **k: pytest.fail("derived anyway"))
+    monkeypatch.setattr(derive_cli, "derive_map", lambda *a, **k: pytest.fail("derived anyway"))
     with pytest.raises(SystemExit) as exit_info:
-        derive.main([*args, "-o", str(out)])
+        derive_cli.main([*args, "-o", str(out)])
     assert exit_info.value.code == 3  # a usage error, as for the migration command: nothing touched
     assert f"error: -o {out}: {reason}\n" in capsys.readouterr().err
 
@@ -510,8 +510,8 @@ def test_cli_reports_a_failed_write_and_leaves_no_temporary_file(tmp_path, capsy
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(derive.os, "replace", disk_full)
-    assert derive.main([*args, "-o", str(out)]) == 2
+    monkeypatch.setattr(derive_cli.os, "replace", disk_full)
+    assert derive_cli.main([*args, "-o", str(out)]) == 2
     assert f"error: cannot write {out}: No space left on device" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1", "v2"]
 
@@ -519,18 +519,18 @@ def test_cli_reports_a_failed_write_and_leaves_no_temporary_file(tmp_path, capsy
 def test_cli_check_reports_drift(tmp_path, capsys):
     args = _cli_files(tmp_path)
     checked = tmp_path / "checked.json"
-    assert derive.main([*args, "-o", str(checked)]) == 0
-    assert derive.main([*args, "--check", str(checked)]) == 0
+    assert derive_cli.main([*args, "-o", str(checked)]) == 0
+    assert derive_cli.main([*args, "--check", str(checked)]) == 0
     # A header-only difference is not drift.
     data = json.loads(checked.read_text())
     data["header"]["command"] = "edited"
     checked.write_text(json.dumps(data))
-    assert derive.main([*args, "--check", str(checked)]) == 0
+    assert derive_cli.main([*args, "--check", str(checked)]) == 0
     # A content difference is: the map lists a name the sources no longer move.
     data["moved"]["g"] = {"kind": "function", "private": False}
     checked.write_text(json.dumps(data))
     capsys.readouterr()
-    assert derive.main([*args, "--check", str(checked)]) == 1
+    assert derive_cli.main([*args, "--check", str(checked)]) == 1
     captured = capsys.readouterr()
     assert '-    "g": {' in captured.out
     assert "drift" in captured.err
@@ -540,12 +540,12 @@ def test_cli_input_errors_exit_3_like_the_migration_command(tmp_path, capsys):
     """Unreadable inputs and bad options are usage errors (status 3: nothing was written),
     the migration command's numbering; a failed write of the result is status 2."""
     args = _cli_files(tmp_path)
-    assert derive.main([*args, "--check", str(tmp_path / "missing.json")]) == 3
+    assert derive_cli.main([*args, "--check", str(tmp_path / "missing.json")]) == 3
     assert "cannot read move map" in capsys.readouterr().err
-    assert derive.main(["--old", str(tmp_path / "none.py"), "--new", "b.py", "--old-module", "a",
+    assert derive_cli.main(["--old", str(tmp_path / "none.py"), "--new", "b.py", "--old-module", "a",
                         "--new-module", "b"]) == 3
     with pytest.raises(SystemExit) as info:
-        derive.main(["--old", "a.py"])
+        derive_cli.main(["--old", "a.py"])
     assert info.value.code == 3
 
 
@@ -583,8 +583,8 @@ def test_shipped_sglang_map_is_exactly_what_derive_produces():
 # --------------------------------------------------------------------------- releases far apart
 
 
-def _source(module: str, text: str, origin: str) -> derive.Source:
-    return derive.Source(module=module, text=textwrap.dedent(text), is_package=False, origin=origin)
+def _source(module: str, text: str, origin: str) -> sources.Source:
+    return sources.Source(module=module, text=textwrap.dedent(text), is_package=False, origin=origin)
 
 
 def test_names_that_moved_again_or_vanished_between_distant_releases_are_not_rewritten():
@@ -637,7 +637,7 @@ def test_maps_between_distant_sglang_releases_only_rewrite_to_homes_that_exist(o
 
     def top_level(module: str) -> set[str] | None:
         try:
-            text = derive.read_archive_source(new_wheel, module).text
+            text = sources.read_archive_source(new_wheel, module).text
         except MoveMapError:
             return None
         names = set()
@@ -659,7 +659,7 @@ def test_maps_between_distant_sglang_releases_only_rewrite_to_homes_that_exist(o
         if origin.startswith("sglang."):
             bound = top_level(origin)
             assert bound is None or name in bound, f"{name} is sent to {origin}, which lacks it in 0.5.18"
-    before = derive.scan(derive.read_archive_source(old_wheel, derive.SGLANG_OLD_MODULE))
+    before = bindings.scan(sources.read_archive_source(old_wheel, derive.SGLANG_OLD_MODULE))
     still = top_level(derive.SGLANG_OLD_MODULE)
     accounted = set(m.moved) | set(m.import_origins) | set(m.removed) | set(m.unmapped_imports)
     for name in set(before.defined) | set(before.imported):

@@ -8,7 +8,7 @@ import string
 
 import pytest
 
-from mm_schedule.codemods.move_map import KINDS, MovedName, MoveMap, load_map
+from mm_schedule.codemods.movemap.schema import KINDS, MovedName, MoveMap, load_map
 from mm_schedule.errors import MoveMapError
 
 

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from mm_schedule.codemods.segments import reduce, statement_spans, watch_words
-from mm_schedule.codemods.simple_uses import statement_uses
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.fastpath.segments import reduce, statement_spans, watch_words
+from mm_schedule.codemods.fastpath.simple_uses import statement_uses
 
 from .conftest import WHOLE, assert_segmented_pass_matches, release_sources
 
@@ -283,7 +283,7 @@ def test_simple_uses_on_real_code_with_a_busier_map():
     """Real SGLang 0.5.17 code under a map that moves widely used helpers out of
     ``sglang.srt.utils``: many top-level functions and classes take the simple-use path,
     and every file still comes out exactly as the whole-file pass makes it."""
-    from mm_schedule.codemods.move_map import MoveMap
+    from mm_schedule.codemods.movemap.schema import MoveMap
 
     names = ["add_prefix", "is_cuda", "get_bool_env_var", "is_hip", "is_npu", "_is_cuda", "make_layers",
              "set_weight_attrs", "is_cpu", "get_device_name"]
@@ -329,7 +329,7 @@ def test_plain_statements_take_the_simple_use_path(move_map, template):
 
 
 def test_comments_are_blanked_but_not_what_strings_hold():
-    from mm_schedule.codemods.source_text import without_comments
+    from mm_schedule.codemods.engine.source_text import without_comments
 
     text = b"x = 1  # mm_utils\ny = '# no comment'  # two\r\nz = '''a # b\n''' # c\rw = 'unclosed # d"
     blanked = without_comments(text)
@@ -492,7 +492,7 @@ def inner_import_{i}():
 
 
 def _local_uses(move_map, body: str):
-    from mm_schedule.codemods.simple_uses import LocalImports
+    from mm_schedule.codemods.fastpath.simple_uses import LocalImports
 
     source = (HEADER + body).encode()
     spans = statement_spans(source)
@@ -529,7 +529,7 @@ def _local_generated(seed: int, statements: int, newline: str = "\n", indent: st
 
 def _reduced_outcome(source: bytes, move_map):
     """The reduced module's migration mapped back, without the whole-file fallback."""
-    from mm_schedule.codemods.transform import _libcst_pass
+    from mm_schedule.codemods.engine.transform import _libcst_pass
 
     reduced = reduce(source, move_map)
     assert reduced is not None
@@ -563,7 +563,7 @@ def test_a_pattern_whose_rewrite_binds_a_new_name_falls_back(move_map, monkeypat
     """The safety net behind the refusals: were a from-import of a rebound global let
     through, the engine would bind a module alias in the probe (numbered file-wide), so
     the reduced pass gives up and the whole file is processed instead."""
-    from mm_schedule.codemods import simple_uses
+    from mm_schedule.codemods.fastpath import simple_uses
 
     let_through = simple_uses.LocalImports(move_map.old_module, frozenset(move_map.moved), frozenset())
     monkeypatch.setattr(simple_uses.LocalImports, "for_map", classmethod(lambda cls, _map: let_through))

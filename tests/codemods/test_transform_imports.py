@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
-from mm_schedule.codemods.move_map import MoveMap
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.movemap.schema import MoveMap
 
 
 def test_all_names_moved_swaps_only_the_module(check):

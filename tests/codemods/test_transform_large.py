@@ -10,8 +10,8 @@ import tracemalloc
 
 import pytest
 
-from mm_schedule.codemods.segments import reduce, statement_spans
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.fastpath.segments import reduce, statement_spans
 
 from .conftest import WHOLE, assert_segmented_pass_matches, release_sources
 
@@ -172,7 +172,7 @@ def test_segmented_pass_keeps_odd_bytes(move_map, prefix, newline):
 def test_segmented_pass_equals_whole_file_pass_on_a_real_release():
     """Every file of SGLang 0.5.17 that mentions either module: forcing the segmented
     pass changes neither the output nor the findings."""
-    from mm_schedule.codemods.move_map import load_map
+    from mm_schedule.codemods.movemap.schema import load_map
 
     move_map = load_map()
     checked = 0

@@ -6,14 +6,16 @@ name once, in isort's order when its names were sorted, in black's layout."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import random
 import sys
 
 import pytest
 
-from mm_schedule.codemods import plan_imports, transform
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine import transform
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.rules import from_imports as plan_imports
 
 OLD = "sglang.srt.managers.mm_utils"
 NEW = "sglang.srt.managers.mm_schedule"
@@ -98,7 +100,7 @@ def _work(source: str, move_map, monkeypatch) -> dict[str, int]:
     monkeypatch.setattr(plan_imports, "with_aliases", counting("built", plan_imports.with_aliases))
     monkeypatch.setattr(plan_imports, "_width", counting("measured", plan_imports._width))
     rule = transform.RULES[0]
-    assert rule is plan_imports.plan_from_imports
+    assert rule.plan is plan_imports.plan_from_imports
 
     def count_calls(frame, event, arg):
         if event in ("call", "c_call"):
@@ -107,11 +109,11 @@ def _work(source: str, move_map, monkeypatch) -> dict[str, int]:
     def profiled(m):
         sys.setprofile(count_calls)
         try:
-            rule(m)
+            rule.plan(m)
         finally:
             sys.setprofile(None)
 
-    monkeypatch.setattr(transform, "RULES", (profiled, *transform.RULES[1:]))
+    monkeypatch.setattr(transform, "RULES", (dataclasses.replace(rule, plan=profiled), *transform.RULES[1:]))
     assert migrate_source(source, move_map, path="t.py").new_source is not None
     monkeypatch.undo()
     return counts

@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 import random
 
-from mm_schedule.codemods.relevance import Gate
-from mm_schedule.codemods.transform import migrate_source
+from mm_schedule.codemods.engine.transform import migrate_source
+from mm_schedule.codemods.fastpath.gate import Gate
 
 ODD_FORMATTING = (
     "#!/usr/bin/env python\n"

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from mm_schedule.codemods.findings import RULES
-from mm_schedule.codemods.relevance import fork_warnings
+from mm_schedule.codemods.rules import CODES as RULES
+from mm_schedule.codemods.rules.fork import fork_warnings
 
 
 def test_getattr_and_hasattr_follow_a_moved_name_like_setattr(check):
@@ -298,8 +298,8 @@ PATCHES = """
     ],
 )
 def test_advice_on_patching_a_reexported_name_follows_where_it_is_looked_up(move_map, looked_up_in, expected):
-    from mm_schedule.codemods.move_map import MoveMap
-    from mm_schedule.codemods.transform import migrate_source
+    from mm_schedule.codemods.engine.transform import migrate_source
+    from mm_schedule.codemods.movemap.schema import MoveMap
 
     move_map = MoveMap.from_dict({**move_map.to_dict(), "looked_up_in": looked_up_in})
     outcome = migrate_source(textwrap.dedent(PATCHES), move_map, path="t.py", package="app")
@@ -312,8 +312,8 @@ def test_advice_on_patching_a_reexported_name_follows_where_it_is_looked_up(move
 
 def test_patching_get_embedding_and_mask_in_mm_utils_is_still_effective_with_the_shipped_map():
     """In SGLang 0.5.18 its caller, embed_mm_inputs, stayed in mm_utils and looks it up there."""
-    from mm_schedule.codemods.move_map import load_map
-    from mm_schedule.codemods.transform import migrate_source
+    from mm_schedule.codemods.engine.transform import migrate_source
+    from mm_schedule.codemods.movemap.schema import load_map
 
     source = 'from unittest import mock\nmock.patch("sglang.srt.managers.mm_utils.get_embedding_and_mask")\n'
     outcome = migrate_source(source, load_map(), path="t.py", package="app")
@@ -321,8 +321,8 @@ def test_patching_get_embedding_and_mask_in_mm_utils_is_still_effective_with_the
 
 
 def test_target_version_reports_names_gone_before_the_maps_range():
-    from mm_schedule.codemods.move_map import load_map
-    from mm_schedule.codemods.transform import migrate_source
+    from mm_schedule.codemods.engine.transform import migrate_source
+    from mm_schedule.codemods.movemap.schema import load_map
 
     source = "from sglang.srt.managers.mm_utils import get_embedding_chunk_remove_extra_padding\n"
     assert migrate_source(source, load_map(), path="t.py").findings == []

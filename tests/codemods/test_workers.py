@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 
-from mm_schedule.codemods.workers import Outcome, Task, WorkerPool
+from mm_schedule.codemods.engine.workers import Outcome, Task, WorkerPool
 
 
 def _echo_or_die():

@@ -1,0 +1,1 @@
+"""The move map: its data model (``schema``) and how one is derived from two releases (``derive``)."""

@@ -1,0 +1,355 @@
+"""One run of the codemod over a tree, in the order data flows:
+
+validate the inputs → discover the files → read them (the bytes gate) → migrate each in a
+worker process (and, with ``--write``, write it as it comes back) → report.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import libcst as cst
+
+from ..errors import MoveMapError
+from .engine.fidelity import at_risk, keep_untouched_lines
+from .engine.notebooks import NotebookError, migrate_notebook
+from .engine.resolve import package_for
+from .engine.transform import migrate_source
+from .engine.workers import Outcome, Task, WorkerPool
+from .fastpath.gate import Gate
+from .movemap.schema import MoveMap, load_map
+from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
+from .report.failures import Failure, os_reason
+from .report.run_report import FileResult, RunReport, printable
+from .rules.fork import fork_warnings
+from .workspace.config import Config, ConfigError, find_config
+from .workspace.diffs import patch_path, unified_diff
+from .workspace.discovery import Discovery, discover, shown
+from .workspace.writing import (
+    FileChanged,
+    Snapshot,
+    TempGuard,
+    read_snapshot,
+    replace,
+    unwritable_reason,
+)
+
+_RETRIES = 1  # times a file edited during the run is read and migrated again
+
+
+def _validate(args) -> tuple[MoveMap, str | None]:
+    """Everything that can be wrong before a file is read; raises UsageError."""
+    try:
+        os.getcwd()
+    except FileNotFoundError as exc:
+        raise UsageError("the current folder no longer exists") from exc
+    if "" in args.paths:
+        raise UsageError("empty path argument (use '.' for the current folder)")
+    if args.json == "-" and args.mode == "diff":
+        raise UsageError("--json - and --diff both write to stdout; give --json a file")
+    if args.json and args.json != "-":
+        reason = unwritable_reason(args.json)
+        if reason:
+            raise UsageError(f"--json {args.json}: {reason}")
+    try:
+        config = find_config(Path.cwd())
+        map_path = args.map or config.map
+        return load_map(map_path, target_version=args.target_version), map_path
+    except (MoveMapError, ConfigError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _make_transform(move_map: MoveMap):
+    """The function each worker applies (built in the worker, never pickled)."""
+    gate = Gate.for_map(move_map)
+
+    def transform(task: Task) -> Outcome:
+        try:
+            if task.notebook:
+                done = migrate_notebook(task.source, move_map, path=task.shown,
+                                        package=task.package, gate=gate)
+                note = Failure.of("notebook-not-written", done.note) if done.note else None
+                return Outcome(done.new_source, done.findings, done.cells, note)
+            done = migrate_source(task.source, move_map, path=task.shown,
+                                  package=task.package, gate=gate)
+            new_source = done.new_source
+            if new_source is not None and at_risk(task.source):
+                new_source = keep_untouched_lines(task.source, new_source)
+            return Outcome(new_source, done.findings)
+        except cst.ParserSyntaxError as exc:
+            return Outcome(error=Failure.of(
+                "syntax-error", f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
+                                f"{exc.message}; file left as is"))
+        except (UnicodeDecodeError, SyntaxError, NotebookError) as exc:
+            return Outcome(error=Failure.of("syntax-error", f"cannot parse: {exc}; file left as is"))
+
+    return transform
+
+
+class _Progress:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.enabled = sys.stderr.isatty() and total >= 50
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done != self.total and now - self.last < 0.1:
+            return
+        self.last = now
+        width = 30
+        filled = width * done // max(self.total, 1)
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{self.total} files")
+        if done == self.total:
+            sys.stderr.write("\r\033[2K")
+        sys.stderr.flush()
+
+
+@dataclass
+class _File:
+    """One file on its way through the run."""
+
+    result: FileResult
+    snapshot: Snapshot  # the content being migrated
+    package: str | None
+    notebook: bool
+    retries: int = 0
+
+    def task(self, key: int) -> Task:
+        return Task(key, self.result.shown, self.package, self.snapshot.data, self.notebook)
+
+    def take(self, outcome: Outcome) -> None:
+        result = self.result
+        result.findings, result.cells, result.error = outcome.findings, outcome.cells, outcome.error
+        result.old, result.new = (None, None) if outcome.new_source is None else (
+            self.snapshot.data, outcome.new_source)
+
+
+def run(args) -> int:
+    """One run over the parsed command line: discover, read, migrate (and write), report."""
+    move_map, map_path = _validate(args)
+    found = _discover(args)
+    files, problems = _read(args, found, Gate.for_map(move_map))
+    forks = _fork_notices(found, move_map)
+    _migrate(args, move_map, files)
+    by_path = {f.result.shown: f.result for f in files}
+    for notice in forks:
+        if notice.shown in by_path:
+            by_path[notice.shown].findings[:0] = notice.findings
+        else:
+            by_path[notice.shown] = notice
+    results = sorted(by_path.values(), key=lambda r: r.shown)
+    report = RunReport(args.mode, {"old_module": move_map.old_module,
+                                   "new_module": move_map.new_module,
+                                   "source": map_path or "builtin"},
+                       results, len(found.files), len(files), problems, found.skipped)
+    return _finish(args, report)
+
+
+def _discover(args) -> Discovery:
+    configs: dict[Path, Config] = {}
+
+    def config_for(path: Path) -> Config:
+        key = path.absolute()
+        if key not in configs:
+            configs[key] = find_config(key)
+            if args.verbose and configs[key].source is not None:
+                print(printable(f"{path}: settings from {configs[key].source}"), file=sys.stderr)
+        return configs[key]
+
+    try:
+        found = discover(args.paths, config_for, exclude=args.exclude,
+                         extend_exclude=args.extend_exclude, force_exclude=args.force_exclude,
+                         respect_gitignore=args.respect_gitignore)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from exc
+    if args.verbose:
+        for path, reason in found.skipped:
+            print(printable(f"{path}: skipped, {reason}"), file=sys.stderr)
+    return found
+
+
+def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[str, str]]]:
+    """Snapshots of the files that mention the old module (the bytes gate runs here: most
+    files never reach a worker), and the problems met so far."""
+    files, problems = [], list(found.problems)
+    for item in found.files:
+        name = shown(item.real)
+        if args.verbose and item.path.absolute() != item.real:
+            print(printable(f"{item.path}: symlink, its target {name} is processed"),
+                  file=sys.stderr)
+        try:
+            snapshot = read_snapshot(item.real)
+        except OSError as exc:
+            problems.append((name, Failure.of("unreadable", f"cannot read: {os_reason(exc)}")))
+            continue
+        if gate.mentions(snapshot.data):
+            files.append(_File(FileResult(name), snapshot, package_for(item.real, item.root),
+                               item.real.suffix == ".ipynb"))
+    return files, problems
+
+
+def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
+    """The old module's own file in the tree (a fork): said before anything is rewritten,
+    and reported as a finding."""
+    notices = []
+    for finding in fork_warnings([shown(item.real) for item in found.files], move_map):
+        print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
+        notices.append(FileResult(finding.path, findings=[finding]))
+    return notices
+
+
+def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
+    """Transform every file in the workers; with --write, write each as it comes back."""
+    guard = TempGuard.start() if args.mode == "write" and files else None
+    jobs = args.jobs or os.cpu_count() or 1
+    pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
+                      timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
+    progress = _Progress(len(files))
+    try:
+        for key, file in enumerate(files):
+            pool.submit(file.task(key))
+        done = 0
+        for task, outcome in pool.results():
+            file = files[task.key]
+            file.take(outcome)
+            if args.mode == "write" and file.result.changes and not file.result.error:
+                if _write(file, guard):
+                    pool.submit(file.task(task.key))
+                    continue
+            done += 1
+            progress.update(done)
+    except BaseException:
+        pool.close(force=True)
+        raise
+    finally:
+        if guard:
+            guard.close()
+    pool.close()
+
+
+def _write(file: _File, guard: TempGuard | None) -> bool:
+    """Write one migrated file; True when it changed meanwhile and must be migrated again
+    (its snapshot is then the new content)."""
+    result = file.result
+    try:
+        replace(file.snapshot, result.new, guard)
+        result.written = True
+    except FileChanged:
+        if file.retries >= _RETRIES:
+            result.error = Failure.of("changed-during-run", "changed again while being "
+                                      "migrated; left with its new content (run again)")
+            return False
+        file.retries += 1
+        try:
+            file.snapshot = read_snapshot(file.snapshot.path)
+        except OSError as exc:
+            result.error = Failure.of("unreadable",
+                                      f"cannot read after it changed: {os_reason(exc)}")
+            return False
+        return True
+    except FileNotFoundError:  # removed meanwhile: writing would bring it back
+        result.error = Failure.of("changed-during-run", "removed while being migrated; "
+                                                        "not written")
+    except OSError as exc:
+        result.error = Failure.of("unwritable", f"cannot write: {os_reason(exc)}; "
+                                                "file left as is")
+    return False
+
+
+class _Output:
+    """The report's writes to stdout and stderr. A reader that goes away (``| head``)
+    ends what is written to that stream, not the run: later writes to it are dropped and
+    it is pointed at /dev/null, so that no flush fails at exit. The status still says
+    what happened."""
+
+    def __init__(self) -> None:
+        self._gone: set[int] = set()
+
+    def write(self, stream, data: str | bytes) -> None:
+        if id(stream) in self._gone:
+            return
+        try:
+            if isinstance(data, str):
+                _write_text(stream, data)
+            elif hasattr(stream, "buffer"):
+                stream.flush()
+                stream.buffer.write(data)
+            else:
+                stream.write(data.decode("utf-8", "surrogateescape"))
+        except BrokenPipeError:
+            self._drop(stream)
+
+    def flush(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            if id(stream) not in self._gone:
+                try:
+                    stream.flush()
+                except BrokenPipeError:
+                    self._drop(stream)
+
+    def _drop(self, stream) -> None:
+        self._gone.add(id(stream))
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass
+
+
+def _write_text(stream, text: str) -> None:
+    """``text`` on ``stream``; what its encoding cannot show (a name in Chinese on an
+    ASCII terminal) comes out as backslash escapes rather than stopping the run."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "utf-8"
+        stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+
+
+def _finish(args, report: RunReport) -> int:
+    json_to_stdout = args.json == "-"
+    text = sys.stderr if json_to_stdout or args.mode == "diff" else sys.stdout
+    out = _Output()
+    if args.mode == "diff":
+        for result in report.results:
+            if result.changes and not result.error:
+                out.write(sys.stdout, unified_diff(result.old, result.new,
+                                                   patch_path(result.shown)))
+    if not args.quiet:
+        for result in report.results:
+            for line in result.finding_lines():
+                out.write(text, line + "\n")
+    for line in report.failure_lines():
+        out.write(sys.stderr, line + "\n")
+    out.write(sys.stderr, report.summary_line() + "\n")
+    report_lost = False
+    if args.json:
+        document = report.to_json()
+        if json_to_stdout:
+            out.write(sys.stdout, document)
+        else:
+            try:
+                Path(args.json).write_text(document, encoding="utf-8")
+            except OSError as exc:
+                out.write(sys.stderr, printable(f"mm-schedule-codemod: cannot write {args.json}: "
+                                                f"{os_reason(exc)}\n"))
+                report_lost = True
+    out.flush()
+    summary = report.summary()
+    if summary["files_failed"] or report_lost:
+        return EXIT_FAILED
+    if args.mode == "write":
+        return EXIT_REMAINING if summary["manual"] else EXIT_OK
+    return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK

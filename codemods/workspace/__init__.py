@@ -1,0 +1,1 @@
+"""The user's files: which ones a run looks at, their configuration, writing them, diffs."""
