@@ -55,14 +55,17 @@ def package_for(path: str | os.PathLike, root: str | os.PathLike | None = None) 
 
 
 def relative_base(package: str | None, level: int) -> str | None:
-    """The package that ``level`` leading dots name inside ``package`` ("" for the top of a
-    top-level package's parent), or None when the dots climb out of it or nothing is known."""
-    if package is None or level == 0:
+    """The package that ``level`` leading dots name inside ``package``: one dot the package
+    itself, each further dot one level up. None when nothing is known (no package, or
+    ``level`` 0) or when the dots climb above the top-level package, where Python raises
+    "attempted relative import beyond top-level package". The only relative-import
+    resolver: the engine and ``derive`` both use it."""
+    if not package or level <= 0:
         return None
-    parts = package.split(".") if package else []
-    if level - 1 > len(parts):
+    parts = package.split(".")
+    if level > len(parts):
         return None
-    return ".".join(parts[: len(parts) - (level - 1)])
+    return ".".join(parts[: len(parts) - level + 1])
 
 
 def absolute_module(package: str | None, level: int, module: str | None) -> str | None:
@@ -79,7 +82,7 @@ def relative_tail(package: str | None, level: int, module: str) -> str | None:
     """What follows the dots when ``module`` is written relative with ``level`` dots inside
     ``package``: "" for the package the dots name itself, None when ``module`` lies outside it."""
     base = relative_base(package, level)
-    if not base:
+    if base is None:
         return None
     if module == base:
         return ""

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ...errors import MoveMapError
+from ..engine.resolve import relative_base
 from .sources import Source
 
 
@@ -66,11 +67,10 @@ def _target_names(target: ast.expr) -> Iterator[str]:
 def resolve_import(node: ast.ImportFrom, package: str, where: str) -> str:
     if not node.level:
         return node.module or ""
-    parts = package.split(".") if package else []
-    if node.level - 1 > len(parts) - 1 or not parts:
+    base = relative_base(package, node.level)
+    if base is None:
         raise MoveMapError(f"{where}:{node.lineno}: relative import beyond the top-level package {package!r}")
-    base = parts[: len(parts) - (node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else []))
+    return ".".join(p for p in (base, node.module) if p)
 
 
 def _scan_block(body: Sequence[ast.stmt], source: Source, out: Bindings) -> None:
