@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from .. import rules as rule_table
 from ..fastpath.gate import Gate
 from ..fastpath.segments import Reduced, reduce
 from ..movemap.schema import MoveMap
 from ..report.findings import Finding, is_suppressed
-from ..rules import RULES
 from .apply import Apply
 from .migration import Migration
 from .positions import start_positions
@@ -58,7 +58,7 @@ def migrate_module(
     ``taken_names``: names bound in parts of the file the module does not contain."""
     migration = Migration.start(module, move_map, package, path)
     migration.edits.taken_names.update(taken_names)
-    for rule in RULES:
+    for rule in rule_table.RULES:
         rule.plan(migration)
     original = migration.facts.module
     new_module = original.visit(Apply(migration.edits)) if migration.edits.any() else original

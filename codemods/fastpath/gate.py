@@ -14,8 +14,8 @@ import ast
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import rules as rule_table
 from ..movemap.schema import MoveMap
-from ..rules import RULES
 from ..rules.rule import Rule
 from .scan import MapFacts, Scan
 
@@ -32,7 +32,8 @@ class Gate:
         needles = [facts.old_base.encode()]
         if move_map.rebound_globals:
             needles.append(facts.new.rpartition(".")[2].encode())
-        return cls(tuple(dict.fromkeys(needles)), facts, tuple(RULES if rules is None else rules))
+        return cls(tuple(dict.fromkeys(needles)), facts,
+                   tuple(rule_table.RULES if rules is None else rules))
 
     def mentions(self, source: bytes) -> bool:
         return any(needle in source for needle in self.needles)

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from mm_schedule.codemods.engine import transform
+from mm_schedule.codemods import rules
 from mm_schedule.codemods.engine.transform import migrate_source
 from mm_schedule.codemods.rules import from_imports as plan_imports
 
@@ -99,7 +99,7 @@ def _work(source: str, move_map, monkeypatch) -> dict[str, int]:
 
     monkeypatch.setattr(plan_imports, "with_aliases", counting("built", plan_imports.with_aliases))
     monkeypatch.setattr(plan_imports, "_width", counting("measured", plan_imports._width))
-    rule = transform.RULES[0]
+    rule = rules.RULES[0]
     assert rule.plan is plan_imports.plan_from_imports
 
     def count_calls(frame, event, arg):
@@ -113,7 +113,7 @@ def _work(source: str, move_map, monkeypatch) -> dict[str, int]:
         finally:
             sys.setprofile(None)
 
-    monkeypatch.setattr(transform, "RULES", (dataclasses.replace(rule, plan=profiled), *transform.RULES[1:]))
+    monkeypatch.setattr(rules, "RULES", (dataclasses.replace(rule, plan=profiled), *rules.RULES[1:]))
     assert migrate_source(source, move_map, path="t.py").new_source is not None
     monkeypatch.undo()
     return counts
