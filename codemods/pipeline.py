@@ -27,6 +27,7 @@ from .movemap.schema import MoveMap, load_map
 from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
 from .report.failures import Failure, os_reason
 from .report.run_report import FileResult, RunReport, printable
+from .report.suppression import MARKER
 from .rules.fork import fork_warnings
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
@@ -65,7 +66,7 @@ def _validate(args) -> tuple[MoveMap, str | None]:
         raise UsageError(str(exc)) from exc
 
 
-def _make_transform(move_map: MoveMap):
+def _make_transform(move_map: MoveMap, report_unused: bool = False):
     """The function each worker applies (built in the worker, never pickled)."""
     gate = Gate.for_map(move_map)
 
@@ -73,11 +74,13 @@ def _make_transform(move_map: MoveMap):
         try:
             if task.notebook:
                 done = migrate_notebook(task.source, move_map, path=task.shown,
-                                        package=task.package, gate=gate)
+                                        package=task.package, gate=gate,
+                                        report_unused_suppressions=report_unused)
                 note = Failure.of("notebook-not-written", done.note) if done.note else None
                 return Outcome(done.new_source, done.findings, done.cells, note)
             done = migrate_source(task.source, move_map, path=task.shown,
-                                  package=task.package, gate=gate)
+                                  package=task.package, gate=gate,
+                                  report_unused_suppressions=report_unused)
             new_source = done.new_source
             if new_source is not None and at_risk(task.source):
                 new_source = keep_untouched_lines(task.source, new_source)
@@ -191,7 +194,8 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
         except OSError as exc:
             problems.append((name, Failure.of("unreadable", f"cannot read: {os_reason(exc)}")))
             continue
-        if gate.mentions(snapshot.data):
+        if gate.mentions(snapshot.data) or (args.report_unused_suppressions
+                                            and MARKER in snapshot.data):
             files.append(_File(FileResult(name), snapshot, package_for(item.real, item.root),
                                item.real.suffix == ".ipynb"))
     return files, problems
@@ -211,7 +215,8 @@ def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
     """Transform every file in the workers; with --write, write each as it comes back."""
     guard = TempGuard.start() if args.mode == "write" and files else None
     jobs = args.jobs or os.cpu_count() or 1
-    pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map),
+    pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map,
+                                                           args.report_unused_suppressions),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
     progress = _Progress(len(files))
     try:

@@ -78,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="apply the excludes to files named on the command line too")
     parser.add_argument("--no-respect-gitignore", dest="respect_gitignore",
                         action="store_false", default=None, help="do not read .gitignore files")
+    parser.add_argument("--report-unused-suppressions", action="store_true",
+                        help="report suppression comments that suppress nothing (MMS016)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also list what was skipped and why")

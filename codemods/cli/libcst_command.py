@@ -18,6 +18,7 @@ from ..engine.resolve import package_for
 from ..engine.transform import migrate_module
 from ..movemap.schema import load_map
 from ..report.findings import render
+from ..report.suppression import Suppressions
 
 
 class MoveImportsCommand(CodemodCommand):
@@ -53,9 +54,13 @@ class MoveImportsCommand(CodemodCommand):
         package = package_for(filename, Path.cwd()) if filename else None
         if package is None:
             package = self.context.full_package_name
+        suppressions = Suppressions.parse(tree.bytes)
         new_tree, findings = migrate_module(
-            tree, self.move_map, path=filename or "<stdin>", package=package
+            tree, self.move_map, path=filename or "<stdin>", package=package,
+            suppressions=suppressions,
         )
+        if suppressions is not None:
+            findings = [f for f in findings if not suppressions.take((f.line,), f.code)]
         for finding in findings:
             self.warn(render(finding, "write", with_path=False))
         return new_tree

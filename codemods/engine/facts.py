@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, ScopeProvider
+from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
 from ..movemap.schema import MoveMap
 from .collect import Collected, ImportSite, collect
@@ -48,6 +48,16 @@ class FileFacts:
     @cached_property
     def scopes(self):
         return self.wrapper.resolve(ScopeProvider)
+
+    @cached_property
+    def _positions(self):
+        # only files with suppression comments ask: PositionProvider costs a code generation
+        return self.wrapper.resolve(PositionProvider)
+
+    def line_span(self, node: cst.CSTNode) -> tuple[int, int]:
+        """First and last line of ``node``'s own text."""
+        where = self._positions[node]
+        return where.start.line, where.end.line
 
     @cached_property
     def referents(self) -> dict[cst.CSTNode, Sequence]:

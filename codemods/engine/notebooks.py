@@ -98,7 +98,8 @@ def _layout(text: str, notebook: dict) -> dict | None:
 
 
 def migrate_notebook(
-    source: bytes, move_map: MoveMap, *, path: str, package: str | None, gate: Gate
+    source: bytes, move_map: MoveMap, *, path: str, package: str | None, gate: Gate,
+    report_unused_suppressions: bool = False,
 ) -> NotebookOutcome:
     try:
         text = source.decode("utf-8")
@@ -109,7 +110,7 @@ def migrate_notebook(
     metadata = notebook.get("metadata")
     info = metadata.get("language_info") if isinstance(metadata, dict) else None
     language = info.get("name", "python") if isinstance(info, dict) else "python"
-    if language != "python" or not gate.mentions(source):
+    if language != "python" or not (gate.mentions(source) or report_unused_suppressions):
         return NotebookOutcome(None, [], [])
     magics: list[str] = []
     parts, starts = [], {}  # starts: cell index -> first line (1-based) of its code
@@ -125,7 +126,8 @@ def migrate_notebook(
         starts[index] = line + 1
         line += 1 + masked.count("\n")
     module = "".join(parts)
-    outcome = migrate_source(module, move_map, path=path, package=package, gate=gate)
+    outcome = migrate_source(module, move_map, path=path, package=package, gate=gate,
+                             report_unused_suppressions=report_unused_suppressions)
     findings, numbers = [], []
     ordered = sorted(starts.items(), key=lambda item: item[1])
     for finding in outcome.findings:

@@ -29,7 +29,8 @@ from .. import rules as rule_table
 from ..fastpath.gate import Gate
 from ..fastpath.segments import Reduced, reduce
 from ..movemap.schema import MoveMap
-from ..report.findings import Finding, is_suppressed
+from ..report.findings import Finding
+from ..report.suppression import Suppressions, unused_findings
 from .apply import Apply
 from .migration import Migration
 from .positions import start_positions
@@ -52,11 +53,13 @@ SEGMENT_ABOVE = 256 * 1024
 
 def migrate_module(
     module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None,
-    taken_names: Iterable[str] = (),
+    taken_names: Iterable[str] = (), suppressions: Suppressions | None = None,
 ) -> tuple[cst.Module, list[Finding]]:
     """Apply ``move_map`` to a freshly parsed module (it must not share nodes).
-    ``taken_names``: names bound in parts of the file the module does not contain."""
-    migration = Migration.start(module, move_map, package, path)
+    ``taken_names``: names bound in parts of the file the module does not contain.
+    ``suppressions``: the file's suppression comments; the rules leave what they hold
+    back alone (the findings they silence are filtered by ``migrate_source``)."""
+    migration = Migration.start(module, move_map, package, path, suppressions)
     migration.edits.taken_names.update(taken_names)
     for rule in rule_table.RULES:
         rule.plan(migration)
@@ -82,26 +85,34 @@ def migrate_source(
     package: str | None = None,
     gate: Gate | None = None,
     segment_above: int = SEGMENT_ABOVE,
+    report_unused_suppressions: bool = False,
 ) -> FileOutcome:
     """Apply ``move_map`` to one file's source. Raises ``libcst.ParserSyntaxError``
-    when the source cannot be parsed (and the gates let it through)."""
+    when the source cannot be parsed (and the gates let it through).
+    ``report_unused_suppressions``: add an ``MMS016`` finding for each suppression
+    comment that silenced nothing."""
     raw = source.encode("utf-8") if isinstance(source, str) else source
+    suppressions = Suppressions.parse(raw)
+    unused = report_unused_suppressions and suppressions is not None
     gate = gate or Gate.for_map(move_map)
-    if not gate.mentions(raw):
+    if not gate.mentions(raw) and not unused:
         return FileOutcome(None, [])
-    if len(raw) > segment_above:
+    # a file with suppressions is planned whole: the rules read its comments' lines
+    if len(raw) > segment_above and suppressions is None:
         reduced = reduce(raw, move_map)
         outcome = _migrate_reduced(raw, reduced, move_map, path, package, gate) if reduced else None
         if outcome is not None:
-            return _without_suppressed(outcome, raw)
+            return outcome
     if not gate.needs_transform(raw, package):
-        return FileOutcome(None, [])
-    new_bytes, findings = _libcst_pass(raw, move_map, path, package)
-    return _without_suppressed(FileOutcome(None if new_bytes == raw else new_bytes, findings), raw)
+        return _suppressed(FileOutcome(None, []), suppressions, unused, path)
+    new_bytes, findings = _libcst_pass(raw, move_map, path, package, suppressions=suppressions)
+    return _suppressed(FileOutcome(None if new_bytes == raw else new_bytes, findings),
+                       suppressions, unused, path)
 
 
 def _libcst_pass(
-    source: bytes, move_map: MoveMap, path: str, package: str | None, taken_names: Iterable[str] = ()
+    source: bytes, move_map: MoveMap, path: str, package: str | None, taken_names: Iterable[str] = (),
+    suppressions: Suppressions | None = None,
 ) -> tuple[bytes, list[Finding]]:
     """Parse, plan and apply. A large tree is millions of objects, none in a reference
     cycle the pass needs freed, and every full collection would walk all of them again
@@ -112,24 +123,25 @@ def _libcst_pass(
         gc.disable()
     try:
         module = cst.parse_module(source)
-        new_module, findings = migrate_module(module, move_map, path=path, package=package, taken_names=taken_names)
+        new_module, findings = migrate_module(module, move_map, path=path, package=package,
+                                              taken_names=taken_names, suppressions=suppressions)
         return new_module.bytes, findings
     finally:
         if paused:
             gc.enable()
 
 
-def _without_suppressed(outcome: FileOutcome, raw: bytes) -> FileOutcome:
-    """Drop the findings a suppression comment on their line silences (the rewrite, if
-    any, still happens: the comment records a person's judgement of the report)."""
-    if not outcome.findings or b"mm-schedule-codemod" not in raw:
+def _suppressed(outcome: FileOutcome, suppressions: Suppressions | None, unused: bool,
+                path: str) -> FileOutcome:
+    """Drop the findings a suppression comment on their line silences (the rules already
+    left the edits of those codes alone) and, if asked, report the unused suppressions."""
+    if suppressions is None:
         return outcome
-    lines = raw.splitlines()
-    kept = [
-        f for f in outcome.findings
-        if not (f.line <= len(lines) and is_suppressed(f, lines[f.line - 1].decode("utf-8", "replace")))
-    ]
-    return FileOutcome(outcome.new_source, kept, len(outcome.findings) - len(kept))
+    kept = [f for f in outcome.findings if not suppressions.take((f.line,), f.code)]
+    if unused:
+        kept.extend(unused_findings(suppressions, path))
+        kept.sort(key=lambda f: (f.line, f.column, f.code))
+    return FileOutcome(outcome.new_source, kept, suppressions.silenced)
 
 
 def _migrate_reduced(

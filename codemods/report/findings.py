@@ -7,12 +7,7 @@ all of them is ``rules.CODES``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
-
-# ``# mm-schedule-codemod: ignore`` or ``...: ignore[MMS005, MMS007]`` at the end of the
-# line a finding points at silences it, the way noqa comments work for linters.
-SUPPRESSION = re.compile(r"#\s*mm-schedule-codemod:\s*ignore(?:\[(?P<codes>[A-Z0-9,\s]+)\])?")
 
 
 @dataclass(frozen=True)
@@ -51,18 +46,3 @@ def render(finding: Finding, mode: str = "write", *, with_path: bool = True) -> 
 def render_json(finding: Finding, mode: str = "write") -> dict:
     """One finding as a JSON object: every field, plus its ``status`` in this mode."""
     return {**finding.to_dict(), "status": status(finding, mode)}
-
-
-def suppressed_codes(line: str) -> frozenset[str] | None:
-    """The codes a suppression comment on ``line`` silences; an empty set means all of
-    them, None that the line has no such comment."""
-    match = SUPPRESSION.search(line)
-    if match is None:
-        return None
-    codes = match.group("codes")
-    return frozenset(c.strip() for c in codes.split(",") if c.strip()) if codes else frozenset()
-
-
-def is_suppressed(finding: Finding, line: str) -> bool:
-    codes = suppressed_codes(line)
-    return codes is not None and (not codes or finding.code in codes)

@@ -30,6 +30,12 @@ class Reporter:
                  line_offset: int = 0) -> None:
         self.raw.append((node, code, symbol, message, fixed, line_offset))
 
+    def move_code(self, name: str) -> str:
+        """The code a rewrite of ``name`` is reported with."""
+        if name in self.map.import_origins and name not in self.map.moved:
+            return "MMS003"
+        return "MMS002" if self.map.moved[name].private else "MMS001"
+
     def move(self, node: cst.CSTNode, name: str, dest: str, how: str) -> None:
         """A rewrite of ``name`` to ``dest``, worded by what kind of move it is."""
         old = self.map.old_module

@@ -9,6 +9,7 @@ pruning needs every rewritten use.
 
 from __future__ import annotations
 
+from ..report import suppression
 from ..report.reporter import MOVE_CODES
 from . import (
     calls,
@@ -35,6 +36,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 # Every finding code, with its short name and meaning (``--json`` reports, docs).
-CODES = merge_codes(MOVE_CODES, *(rule.codes for rule in RULES), fork.CODES)
+CODES = merge_codes(MOVE_CODES, *(rule.codes for rule in RULES), fork.CODES, suppression.CODES)
 
 __all__ = ["CODES", "RULES", "Rule"]

@@ -144,6 +144,8 @@ def _string_target(m: Migration, string) -> None:
             m.report(string, "MMS007", name, f"patch target {text!r}: {name!r} moved to "
                      f"{new}; string has escapes, not rewritten", False)
             return
+        if m.held(string, m.report.move_code(name)):
+            return
         m.edits.expressions[string] = replacement
         m.report.move(string, name, new, "patch target")
         return
@@ -187,6 +189,8 @@ def _multiple(m: Migration, call: cst.Call) -> None:
         if module != old:
             return
     if all(n in move_map.moved and n not in move_map.reexported for n in names):
+        if any(m.held(call, m.report.move_code(n)) for n in hits):
+            return
         if text is not None:
             replacement = _with_literal(target, new)
             if replacement is not None:
@@ -227,6 +231,8 @@ def _dynamic_lookup(m: Migration, call: cst.Call) -> None:
     how = dotted_name(call.func) or "getattr"
     site = facts.site_of(refs[0].node) if len(refs) == 1 else None
     if name in move_map.moved and site is not None:
+        if m.held(call, m.report.move_code(name)):
+            return
         m.edits.expressions[obj] = dotted_expr(module_ref(m, site, facts.new))
         m.edits.rewritten_uses.add(id(obj))
         m.edits.touched_bindings[id(refs[0])] = (refs[0], site)

@@ -59,6 +59,8 @@ def plan_from_imports(m: Migration) -> None:
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else None
             dest = move_map.destination(name) if name else None
+            if dest and m.held(alias, m.report.move_code(name)):
+                continue  # a suppressed name stays where it is
             if dest:
                 moving.append((alias, dest))
             elif name in move_map.gone:

@@ -57,6 +57,8 @@ def plan_module_attributes(m: Migration) -> None:
                          "several blocks; not rewritten", False)
                 continue
             refs = [first]
+        if m.held(attribute, m.report.move_code(name)):
+            continue  # left as written: the binding keeps a use, so it stays too
         uses.setdefault(id(refs[0]), []).append((attribute, name, facts.map.destination(name)))
         assignments[id(refs[0])] = refs[0]
     for key, group in uses.items():
@@ -148,6 +150,8 @@ def old_site_write(m: Migration, node, name: str, obj, refs, how: str) -> None:
         if site is None:
             m.report(node, "MMS005", name, f"{how} of {old}.{name}: {name!r} now lives "
                      f"in {new}; patch it there (binding not resolvable)", False)
+            return
+        if m.held(node, m.report.move_code(name)):
             return
         edits.expressions[obj] = dotted_expr(module_ref(m, site, new))
         edits.rewritten_uses.add(id(obj))

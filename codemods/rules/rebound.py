@@ -28,7 +28,12 @@ def plan_rebound(m: Migration, site: ImportSite, alias: cst.ImportAlias) -> bool
     name = alias.name.value
     new = m.facts.new
     bound = alias_binding(alias)
+    if m.held(alias, "MMS004"):
+        return False
     reason = _unsafe(m, site, bound)
+    if reason is None and any(m.held(access.node, "MMS004")
+                              for access in _assignment_for(m, site, bound).references):
+        reason = "a use is on a line that suppresses MMS004"
     if reason is None:
         ref = module_ref(m, site, new)
         for access in _assignment_for(m, site, bound).references:
