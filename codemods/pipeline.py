@@ -28,7 +28,7 @@ from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
 from .report.failures import Failure, os_reason
 from .report.run_report import FileResult, RunReport, printable
 from .report.suppression import MARKER
-from .rules.fork import fork_warnings
+from .rules.fork import fork_warnings, rewrite_targets, settle
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
 from .workspace.discovery import Discovery, discover, shown
@@ -141,9 +141,10 @@ def run(args) -> int:
     move_map, map_path = _validate(args)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
-    forks = _fork_notices(found, move_map)
+    forks = fork_warnings([shown(item.real) for item in found.files], move_map)
     _migrate(args, move_map, files)
     by_path = {f.result.shown: f.result for f in files}
+    forks = _fork_notices(forks, move_map, files, found)
     for notice in forks:
         if notice.shown in by_path:
             by_path[notice.shown].findings[:0] = notice.findings
@@ -201,14 +202,28 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
     return files, problems
 
 
-def _fork_notices(found: Discovery, move_map: MoveMap) -> list[FileResult]:
-    """The old module's own file in the tree (a fork): said before anything is rewritten,
-    and reported as a finding."""
+def _fork_notices(warnings, move_map: MoveMap, files: list[_File], found: Discovery) -> list[FileResult]:
+    """The old module's own file in the tree (a fork), unless settled: said on stderr and
+    reported as a finding."""
+    if not warnings:
+        return []
+    targets = rewrite_targets(f for file in files for f in file.result.findings)
+    acknowledged = _acknowledged_forks(found)
     notices = []
-    for finding in fork_warnings([shown(item.real) for item in found.files], move_map):
+    for finding in settle(warnings, move_map, targets, acknowledged):
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices
+
+
+def _acknowledged_forks(found: Discovery):
+    def acknowledged(path: str) -> bool:
+        try:
+            return find_config(Path(path)).acknowledge_fork
+        except ConfigError:
+            return False  # the run would have stopped on it already
+
+    return acknowledged
 
 
 def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:

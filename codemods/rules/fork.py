@@ -1,17 +1,34 @@
 """Tree check: the tree holds the old module's own file (a fork of the upstream package).
 
-Not a per-file rule: it looks at the list of files a run found, before anything is
-rewritten.
+Imports of the old module inside such a tree load the fork's copy, so rewriting them to
+the new module is right only if the new module has the names too. The warning
+(``MMS015``) settles, so that CI on a fork can go green:
+
+* it is not raised when the tree has its own new module (``.../mm_schedule.py`` beside
+  the fork's ``mm_utils.py``) and that module binds every name the run rewrites to it
+  (checked with ``ast``); otherwise it names the missing ones;
+* it is acknowledged by ``# mm-schedule-codemod: ignore[MMS015]`` anywhere in the fork's
+  old-module file, or by ``acknowledge-fork = true`` in the configuration.
+
+Not a per-file rule: it looks at the files a run found and the rewrites it planned.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 
+from ...errors import MMScheduleError
+from ..movemap.bindings import scan
 from ..movemap.schema import MoveMap
+from ..movemap.sources import read_source
 from ..report.findings import Finding
+from ..report.suppression import Suppressions
+
+# Fixed findings whose rewrite makes a use read the new module.
+_TO_NEW_MODULE = frozenset({"MMS001", "MMS002", "MMS004"})
 
 CODES = {
     "MMS015": ('fork', "the tree contains the old module's own file; imports of it inside the tree resolve to that copy, which may still define the moved names"),
@@ -35,3 +52,62 @@ def fork_warnings(paths: Iterable[str | os.PathLike], move_map: MoveMap) -> list
                 f"defines before accepting the rewrites to {move_map.new_module}", False,
             ))
     return out
+
+
+def rewrite_targets(findings: Iterable[Finding]) -> set[str]:
+    """The names a run rewrites (or would rewrite) to the new module."""
+    return {f.symbol for f in findings if f.fixed and f.code in _TO_NEW_MODULE}
+
+
+def settle(warnings: Iterable[Finding], move_map: MoveMap, targets: set[str],
+           acknowledged: Callable[[str], bool]) -> list[Finding]:
+    """The fork warnings still standing once the tree's own new module and the
+    acknowledgements are taken into account (see the module docstring)."""
+    kept = []
+    for warning in warnings:
+        if acknowledged(warning.path) or _suppressed_in(warning.path):
+            continue
+        own = _own_new_module(warning.path, move_map)
+        if own is not None:
+            path, names = own
+            missing = sorted(targets - names) if names is not None else None
+            if missing == []:
+                continue
+            lacking = ("cannot be parsed" if missing is None
+                       else f"does not bind {', '.join(missing)}")
+            warning = replace(warning, message=(
+                f"this tree has its own {move_map.old_module} and {move_map.new_module}, but its "
+                f"{path} {lacking}, which the rewrites read from it; define them there, or "
+                f"acknowledge with '# mm-schedule-codemod: ignore[MMS015]' in {warning.path}"))
+        kept.append(warning)
+    return kept
+
+
+def _suppressed_in(path: str) -> bool:
+    try:
+        suppressions = Suppressions.parse(Path(path).read_bytes())
+    except OSError:
+        return False
+    return suppressions is not None and any("MMS015" in codes for codes in suppressions.lines.values())
+
+
+def _own_new_module(old_path: str, move_map: MoveMap) -> tuple[str, set[str] | None] | None:
+    """The tree's own new-module file beside the fork's old module and the names it binds
+    (None when it cannot be parsed), or None when the tree has none."""
+    posix = Path(old_path).as_posix()
+    old_parts = move_map.old_module.split(".")
+    for tail in ("/".join(old_parts) + ".py", "/".join(old_parts) + "/__init__.py"):
+        if posix == tail or posix.endswith("/" + tail):
+            root = posix[: len(posix) - len(tail)]
+            break
+    else:
+        return None
+    new = "/".join(move_map.new_module.split("."))
+    for candidate in (f"{root}{new}.py", f"{root}{new}/__init__.py"):
+        if Path(candidate).is_file():
+            try:
+                bindings = scan(read_source(candidate, move_map.new_module))
+            except MMScheduleError:
+                return candidate, None
+            return candidate, set(bindings.defined) | set(bindings.imported)
+    return None

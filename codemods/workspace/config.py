@@ -11,6 +11,7 @@ one for everything below it. Keys::
     respect-gitignore = true
     force-exclude = false           # apply the excludes to files named on the command line
     map = "migrations/map.json"     # relative to the pyproject.toml
+    acknowledge-fork = false        # settle MMS015: this fork's own old module was checked
 
 Command-line options win over the file.
 """
@@ -31,7 +32,7 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = None
 
 TABLE = "mm-schedule-codemod"
-_KEYS = {"exclude", "extend-exclude", "respect-gitignore", "force-exclude", "map"}
+_KEYS = {"exclude", "extend-exclude", "respect-gitignore", "force-exclude", "map", "acknowledge-fork"}
 
 
 class ConfigError(MMScheduleError, ValueError):
@@ -46,6 +47,7 @@ class Config:
     respect_gitignore: bool = True
     force_exclude: bool = False
     map: str | None = None
+    acknowledge_fork: bool = False
     base: Path = field(default_factory=Path.cwd)  # folder that patterns are relative to
 
 
@@ -105,6 +107,7 @@ def config_in(folder: Path) -> Config | None:
         respect_gitignore=_flag(table.get("respect-gitignore", True), "respect-gitignore", pyproject),
         force_exclude=_flag(table.get("force-exclude", False), "force-exclude", pyproject),
         map=str(folder / map_path) if map_path else None,
+        acknowledge_fork=_flag(table.get("acknowledge-fork", False), "acknowledge-fork", pyproject),
         base=folder,
     )
 
