@@ -175,6 +175,13 @@ def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monke
     assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
     assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
     assert "this map targets" in capsys.readouterr().err
+    # a name SGLang had before 0.5.9 and renamed (init_mm_embedding_cache since)
+    (tmp_path / "old.py").write_text("from sglang.srt.managers.mm_utils import init_embedding_cache\n")
+    assert cli.main(["old.py"]) == 0
+    capsys.readouterr()
+    assert cli.main(["old.py", "--target-version", target]) == 1
+    out = capsys.readouterr().out
+    assert "old.py:1:42: MMS009 [manual] 'init_embedding_cache' is gone from sglang.srt.managers.mm_utils" in out
 
 
 @pytest.mark.parametrize("mode, status", [("--check", 1), ("--diff", 1), ("--write", 0)])

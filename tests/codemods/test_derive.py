@@ -565,14 +565,16 @@ def test_shipped_sglang_map_is_exactly_what_derive_produces():
     rw = realworld_helpers()
     old, new = rw.sglang_wheel("0.5.17"), rw.sglang_wheel("0.5.18")
     assert old.is_file() and new.is_file()
-    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=["sglang==0.4.6", "sglang==0.5.9"],
-                                  cache=rw.wheel_cache())
+    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=[
+        "sglang==0.4.6", "sglang==0.4.9", "sglang==0.5.2", "sglang==0.5.9"], cache=rw.wheel_cache())
     shipped = load_map()
     assert m.to_json() == shipped.to_json()
     # 0.5.18's own embed_mm_inputs (in mm_utils) calls get_embedding_and_mask through
     # mm_utils' globals, so patching it there still reaches that caller
     assert m.looked_up_in["get_embedding_and_mask"] == ("sglang.srt.managers.mm_utils",)
     assert m.header["target_version"] == "0.5.18" and m.earlier
+    # renamed to init_mm_embedding_cache between the sampled releases 0.5.2 and 0.5.9
+    assert "init_embedding_cache" in m.earlier and "0.5.2" in m.earlier["init_embedding_cache"]
     # The facts the SGLang split is known for (reference, section 1.2/1.3).
     assert len(m.moved) == 20 and sum(v.private for v in m.moved.values()) == 14
     assert m.reexported == {"DataEmbeddingFunc", "get_embedding_and_mask", "init_mm_embedding_cache"}
