@@ -31,7 +31,7 @@ from .report.suppression import MARKER
 from .rules.fork import fork_warnings, rewrite_targets, settle
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
-from .workspace.discovery import Discovery, discover, shown
+from .workspace.discovery import Discovery, discover, excluded_stdin, shown
 from .workspace.writing import (
     FileChanged,
     Snapshot,
@@ -41,6 +41,7 @@ from .workspace.writing import (
     unwritable_reason,
 )
 
+STDIN = "-"  # the path that stands for standard input
 _RETRIES = 1  # times a file edited during the run is read and migrated again
 
 
@@ -54,12 +55,20 @@ def _validate(args) -> tuple[MoveMap, str | None]:
         raise UsageError("empty path argument (use '.' for the current folder)")
     if args.json == "-" and args.mode == "diff":
         raise UsageError("--json - and --diff both write to stdout; give --json a file")
+    if STDIN in args.paths and len(args.paths) > 1:
+        raise UsageError("'-' (standard input) cannot be combined with other paths")
+    if args.stdin_filename is not None and args.paths != [STDIN]:
+        raise UsageError("--stdin-filename names the source read from '-'; pass '-' as the path")
+    if args.stdin_filename == "":
+        raise UsageError("empty --stdin-filename")
+    if args.paths == [STDIN] and args.json == "-" and args.mode == "write":
+        raise UsageError("--json - and --write - both write to stdout; give --json a file")
     if args.json and args.json != "-":
         reason = unwritable_reason(args.json)
         if reason:
             raise UsageError(f"--json {args.json}: {reason}")
     try:
-        config = find_config(Path.cwd())
+        config = find_config(Path(args.stdin_filename) if args.stdin_filename else Path.cwd())
         map_path = args.map or config.map
         return load_map(map_path, target_version=args.target_version), map_path
     except (MoveMapError, ConfigError) as exc:
@@ -139,6 +148,8 @@ class _File:
 def run(args) -> int:
     """One run over the parsed command line: discover, read, migrate (and write), report."""
     move_map, map_path = _validate(args)
+    if args.paths == [STDIN]:
+        return _run_stdin(args, move_map, map_path)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
     forks = fork_warnings([shown(item.real) for item in found.files], move_map)
@@ -156,6 +167,39 @@ def run(args) -> int:
                                    "source": map_path or "builtin"},
                        results, len(found.files), len(files), problems, found.skipped)
     return _finish(args, report)
+
+
+def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
+    """``-``: one file's source from stdin, for editors and pre-commit (ruff's
+    convention). ``--stdin-filename`` names it for the package, the settings and the
+    messages. With ``--write`` the result (the source itself when nothing changes or it
+    cannot be migrated) goes to stdout and the findings to stderr; nothing is written."""
+    data = sys.stdin.buffer.read()
+    name = args.stdin_filename or STDIN
+    path = Path(name)
+    result = FileResult(name)
+    files: list[_File] = []
+    if args.stdin_filename:
+        pattern = excluded_stdin(path, find_config(path), exclude=args.exclude,
+                                 extend_exclude=args.extend_exclude,
+                                 force_exclude=args.force_exclude,
+                                 respect_gitignore=args.respect_gitignore)
+        if pattern and args.verbose:
+            print(printable(f"{name}: skipped, matches exclude pattern {pattern!r} "
+                            "(force-exclude)"), file=sys.stderr)
+    else:
+        pattern = None
+    if not pattern:
+        package = package_for(path, Path.cwd()) if args.stdin_filename else None
+        files.append(_File(result, Snapshot(path, data, 0, 0), package, path.suffix == ".ipynb"))
+        _migrate(args, move_map, files, write=False)
+        result.written = args.mode == "write" and result.changes and not result.error
+    report = RunReport(args.mode, {"old_module": move_map.old_module,
+                                   "new_module": move_map.new_module,
+                                   "source": map_path or "builtin"},
+                       [result], 1, len(files), [], [])
+    output = (result.new if result.written else data) if args.mode == "write" else None
+    return _finish(args, report, stdout_source=output)
 
 
 def _discover(args) -> Discovery:
@@ -226,9 +270,10 @@ def _acknowledged_forks(found: Discovery):
     return acknowledged
 
 
-def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
+def _migrate(args, move_map: MoveMap, files: list[_File], write: bool | None = None) -> None:
     """Transform every file in the workers; with --write, write each as it comes back."""
-    guard = TempGuard.start() if args.mode == "write" and files else None
+    write = args.mode == "write" if write is None else write
+    guard = TempGuard.start() if write and files else None
     jobs = args.jobs or os.cpu_count() or 1
     pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map,
                                                            args.report_unused_suppressions),
@@ -241,7 +286,7 @@ def _migrate(args, move_map: MoveMap, files: list[_File]) -> None:
         for task, outcome in pool.results():
             file = files[task.key]
             file.take(outcome)
-            if args.mode == "write" and file.result.changes and not file.result.error:
+            if write and file.result.changes and not file.result.error:
                 if _write(file, guard):
                     pool.submit(file.task(task.key))
                     continue
@@ -338,9 +383,11 @@ def _write_text(stream, text: str) -> None:
         stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
 
 
-def _finish(args, report: RunReport) -> int:
+def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
+    """Print and write the report; ``stdout_source``: the migrated source of ``-`` (stdout
+    then holds it alone)."""
     json_to_stdout = args.json == "-"
-    text = sys.stderr if json_to_stdout or args.mode == "diff" else sys.stdout
+    text = sys.stderr if json_to_stdout or args.mode == "diff" or stdout_source is not None else sys.stdout
     out = _Output()
     if args.mode == "diff":
         for result in report.results:
@@ -354,6 +401,8 @@ def _finish(args, report: RunReport) -> int:
     for line in report.failure_lines():
         out.write(sys.stderr, line + "\n")
     out.write(sys.stderr, report.summary_line() + "\n")
+    if stdout_source is not None:
+        out.write(sys.stdout, stdout_source)
     report_lost = False
     if args.json:
         document = report.to_json()

@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to process")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="files or folders to process; '-' reads one file from stdin "
+                             "(with --write its result goes to stdout)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", dest="mode", action="store_const", const="check",
                       help="write nothing; exit 1 if changes or findings remain (default)")
@@ -78,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="apply the excludes to files named on the command line too")
     parser.add_argument("--no-respect-gitignore", dest="respect_gitignore",
                         action="store_false", default=None, help="do not read .gitignore files")
+    parser.add_argument("--stdin-filename", metavar="PATH",
+                        help="the name of the file read from '-': its package, settings and "
+                             "excludes, and the name in messages")
     parser.add_argument("--report-unused-suppressions", action="store_true",
                         help="report suppression comments that suppress nothing (MMS016)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")

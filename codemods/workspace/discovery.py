@@ -453,6 +453,14 @@ def shown(path: Path) -> str:
     return path.as_posix()
 
 
+def excluded_stdin(path: Path, config: Config, **options) -> str | None:
+    """The exclude pattern that leaves out source read from standard input under the name
+    ``path`` (``--stdin-filename``); as for a file named on the command line, only with
+    force-exclude."""
+    walker = Walker(config, **options)
+    return walker._excluded_with_parents(path.absolute()) if walker.force_exclude else None
+
+
 def discover(paths, config_for, **options) -> Discovery:
     """Every file under ``paths``, each real file once; ``config_for(path)`` gives the
     settings in force for a path argument."""
