@@ -74,7 +74,8 @@ class Apply(cst.CSTTransformer):
             return cst.RemovalSentinel.REMOVE
         own = 0 if own is None else own  # the first remaining statement takes the line's place
         trailing = updated.trailing_whitespace
-        extra = cst.TrailingWhitespace()
+        # the lines split off end as the line they came from (LF in a CRLF file stays LF)
+        extra = cst.TrailingWhitespace(newline=trailing.newline)
         if trailing.comment is not None and _PRAGMA.match(trailing.comment.value):
             extra = trailing
         lines = []

@@ -65,6 +65,9 @@ class Collected:
     constants: dict[str, str | None] = field(default_factory=dict)
     module_slots: list[cst.BaseExpression] = field(default_factory=list)  # keys into sys.modules
     annotation_strings: list[cst.SimpleString] = field(default_factory=list)
+    # ``self.mm = <name or attribute>``: (the target's dotted text, the value), so that a
+    # module kept in an attribute is seen where it is used (``self.mm.name``)
+    attribute_holders: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
 
 
 def collect(module: cst.Module, package: str | None, interesting: frozenset[str],
@@ -279,6 +282,12 @@ class Collector(cst.CSTVisitor):
                 name = node.targets[0].target.value
                 known = self.found.constants
                 known[name] = text if known.get(name, text) == text else None
+        if isinstance(node.value, (cst.Name, cst.Attribute)):
+            for target in node.targets:
+                if isinstance(target.target, cst.Attribute):
+                    held = dotted_name(target.target)
+                    if held is not None:
+                        self.found.attribute_holders.append((held, node.value))
         for target in node.targets:
             self._stores(target.target)
             if self._depth == 0 and _is_name(target.target, "__all__"):

@@ -227,6 +227,9 @@ class _Finder:
             return
         if isinstance(node, _REFUSED):
             raise _Refused
+        if (isinstance(node, ast.Assign) and isinstance(node.value, (ast.Name, ast.Attribute))
+                and any(isinstance(t, ast.Attribute) for t in node.targets)):
+            raise _Refused  # ``self.mm = mm_utils``: the rules follow the module into the attribute
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             for decorator in node.decorator_list:
                 self.visit(decorator, nested, in_annotation, node)

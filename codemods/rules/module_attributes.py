@@ -61,6 +61,7 @@ def plan_module_attributes(m: Migration) -> None:
             continue  # left as written: the binding keeps a use, so it stays too
         uses.setdefault(id(refs[0]), []).append((attribute, name, facts.map.destination(name)))
         assignments[id(refs[0])] = refs[0]
+    _through_attribute_holders(m)
     for key, group in uses.items():
         assignment = assignments[key]
         site = facts.site_of(assignment.node)
@@ -135,6 +136,27 @@ def _move_binding_whole(m: Migration, site: ImportSite, assignment, group) -> bo
                 edits.expressions[attribute] = attribute.with_changes(value=dotted_expr(dest))
         return True
     return False
+
+
+def _through_attribute_holders(m: Migration) -> None:
+    """``self.mm = mm_utils`` and later ``self.mm.name``: the attribute holds the old
+    module, which scope analysis cannot follow; a moved name read through it is reported."""
+    facts = m.facts
+    holders = {}
+    for held, value in facts.found.attribute_holders:
+        module, _ = resolve_module(m, value)
+        holders[held] = holders.get(held, module) if holders.get(held, module) == module else None
+    old_holders = {held for held, module in holders.items() if module == facts.old}
+    if not old_holders:
+        return
+    for attribute in facts.found.attributes:
+        held, name = dotted_name(attribute.value), attribute.attr.value
+        if held in old_holders and name in facts.map.interesting and attribute not in facts.found.stores:
+            if m.held(attribute, "MMS007"):
+                continue
+            m.report(attribute, "MMS007", name,
+                     f"{held}.{name}: {held} holds {facts.old} (assigned from it); {name!r} moved "
+                     f"to {facts.map.destination(name)}; not rewritten", False)
 
 
 def old_site_write(m: Migration, node, name: str, obj, refs, how: str) -> None:

@@ -80,6 +80,9 @@ def _glob_regex(pattern: str) -> str:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
+        elif pattern[i] == "\\" and i + 1 < len(pattern):  # ``\ `` ``\*``: the next character as is
+            out.append(re.escape(pattern[i + 1]))
+            i += 2
         elif pattern[i] == "[" and pattern.find("]", i + 1) != -1:
             end = pattern.find("]", i + 1)
             out.append(fnmatch.translate(pattern[i : end + 1])[4:-3])
@@ -99,7 +102,11 @@ class _Rule:
 
 
 def _gitignore_rule(line: str, source: str) -> _Rule | None:
-    line = line.rstrip("\n").rstrip()
+    line = line.rstrip("\r\n")
+    kept = line.rstrip(" \t")
+    if len(kept) < len(line) and (len(kept) - len(kept.rstrip("\\"))) % 2:
+        kept += line[len(kept)]  # a trailing space escaped with a backslash stays (git's rule)
+    line = kept
     if not line or line.startswith("#"):
         return None
     negate = line.startswith("!")
@@ -370,6 +377,9 @@ class Walker:
                 self.result.skipped.append((str(path), reason))
             else:
                 self.result.files.append(Found(path, real_folder / entry.name, root))
+        elif entry.name.endswith(SUFFIXES):
+            mode = entry.stat(follow_symlinks=False).st_mode
+            self.result.skipped.append((str(path), f"{kind(mode)}, not a regular file (never opened)"))
         return None
 
     def _folder_skip(self, path: Path, real: Path, ignore: _Ignore) -> str | None:

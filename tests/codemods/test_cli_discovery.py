@@ -204,3 +204,15 @@ def test_gits_default_global_excludes_file_is_honoured(tree, map_file, monkeypat
     _put(tree, "scratch_a.py", "main.py")
     assert cli_main("--write", ".", map_file=map_file) == 0
     assert _migrated(tree, "scratch_a.py", "main.py") == {"scratch_a.py": False, "main.py": True}
+
+
+def test_gitignore_escaped_spaces_are_part_of_the_name(tree, map_file, capsys, cli_main):
+    (tree / ".gitignore").write_text("foo\\ bar.py\ntrail\\ \nplain.py   \n")
+    for name in ("foo bar.py", "trail ", "plain.py", "foo\\ bar.py", "kept.py"):
+        (tree / name).write_text(MOVING)
+    assert cli_main(".", "-v", map_file=map_file) == 1
+    captured = capsys.readouterr()
+    assert "foo bar.py: skipped, ignored by" in captured.err
+    assert "plain.py: skipped, ignored by" in captured.err  # unescaped trailing spaces dropped
+    flagged = {line.split(":")[0] for line in captured.out.splitlines()}
+    assert flagged == {"foo\\ bar.py", "kept.py"}  # the backslash is no part of the pattern's name

@@ -279,3 +279,14 @@ def _remove_chain(top):
         os.rmdir(top)
         if (top.parent / "next").exists():
             os.rename(top.parent / "next", top)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_a_fifo_passed_over_during_a_walk_is_said_with_verbose(tree, map_file, capsys, cli_main):
+    (tree / "sub").mkdir()
+    (tree / "sub" / "a.py").write_text(MOVING)
+    os.mkfifo(tree / "sub" / "pipe.py")
+    assert cli_main("sub", "-v", "--json", str(tree.parent / "r.json"), map_file=map_file) == 1
+    assert "sub/pipe.py: skipped, a FIFO, not a regular file (never opened)" in capsys.readouterr().err
+    doc = json.loads((tree.parent / "r.json").read_text())
+    assert {"path": "sub/pipe.py", "reason": "a FIFO, not a regular file (never opened)"} in doc["skipped"]

@@ -242,3 +242,28 @@ def test_a_file_removed_during_the_run_is_not_brought_back(tree, map_file, monke
     assert not (tree / "a.py").exists() and (tree / "b.py").read_bytes() == MOVED
     err = capsys.readouterr().err
     assert "a.py: MMS910 [error] removed while being migrated; not written\n" in err
+
+
+def test_an_edit_between_the_temporary_copy_and_the_rename_is_kept(tmp_path, monkeypatch):
+    """The window after the first compare: the new content is in the temporary file, the
+    user saves, then the rename would have thrown the save away."""
+    from mm_schedule.codemods.workspace import writing
+
+    path = tmp_path / "a.py"
+    path.write_bytes(MOVING)
+    snapshot = writing.read_snapshot(path)
+    real_write_all = writing._write_all
+    edits = []
+
+    def write_then_user_saves(fd, data):
+        real_write_all(fd, data)
+        if not edits:
+            edits.append(fd)
+            path.write_bytes(b"# saved by the user meanwhile\n" + MOVING)
+
+    monkeypatch.setattr(writing, "_write_all", write_then_user_saves)
+    with pytest.raises(writing.FileChanged):
+        writing.replace(snapshot, b"new content\n")
+    assert edits, "the window was never reached"
+    assert path.read_bytes() == b"# saved by the user meanwhile\n" + MOVING
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py"]  # no temporary file left

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from mm_schedule.codemods.engine.transform import migrate_source
 from mm_schedule.codemods.movemap.schema import MoveMap
 
@@ -318,3 +320,13 @@ def test_another_split_works_from_its_map_alone():
         "from acme.util import other\nfrom acme.core.io import read_all\n"
         "from acme.core import io\nio.read_all()\n"
     )
+
+
+@pytest.mark.parametrize("line_end, other", [(b"\n", b"\r\n"), (b"\r\n", b"\n")])
+def test_a_split_line_keeps_its_own_line_end_in_a_mixed_file(move_map, line_end, other):
+    source = (b"import os" + other + b"from sglang.srt.managers.mm_utils import get_embedding_chunk, "
+              b"hash_feature" + line_end + b"x = 1" + other)
+    new = migrate_source(source, move_map, path="t.py").new_source
+    assert new == (b"import os" + other + b"from sglang.srt.managers.mm_schedule import get_embedding_chunk"
+                   + line_end + b"from sglang.srt.managers.mm_utils import hash_feature" + line_end
+                   + b"x = 1" + other)

@@ -363,3 +363,28 @@ def test_from_import_alias_of_the_old_module_gets_a_matching_alias(check):
         """,
         codes=["MMS002"],
     )
+
+
+def test_the_old_module_kept_in_an_attribute_is_seen_where_it_is_read(move_map):
+    from mm_schedule.codemods.engine.transform import migrate_source
+
+    from .conftest import WHOLE
+
+    source = (
+        "from sglang.srt.managers import mm_utils\n"
+        "class Runner:\n"
+        "    def __init__(self):\n"
+        "        self.mm = mm_utils\n"
+        "    def step(self):\n"
+        "        return self.mm.embedding_cache, self.mm.hash_feature, self.other.embedding_cache\n"
+    )
+    outcome = migrate_source(source, move_map, path="t.py")
+    assert outcome.new_source is None  # not rewritten: which object self.mm holds is run-time
+    assert [(f.line, f.column, f.code, f.symbol, f.fixed) for f in outcome.findings] == [
+        (6, 16, "MMS007", "embedding_cache", False)]
+    assert "self.mm holds sglang.srt.managers.mm_utils" in outcome.findings[0].message
+    # the large-file path reports the same
+    filler = "".join(f"def g{i}():\n    return {i}\n" for i in range(200))
+    big = source + filler
+    assert migrate_source(big, move_map, path="t.py", segment_above=1000).findings == \
+        migrate_source(big, move_map, path="t.py", segment_above=WHOLE).findings
