@@ -10,7 +10,8 @@ is exported with ``git archive`` into a temporary folder (nothing of it is kept)
 3. the check runs again: what still does not resolve must be a line the codemod flagged
    for a person; every changed file must parse;
 4. a second ``--write`` must change nothing (idempotence);
-5. ``fork_warnings`` lists trees that carry the old module's own file.
+5. ``fork_warnings`` lists trees that carry the old module's own file, and whether the run
+   raised MMS015 for it or the tree settled it (its own new module binds every target).
 
     python benchmarks/bench_codemod_downstream.py NAME=GIT_DIR [...] [--jobs 2]
 
@@ -99,12 +100,15 @@ def study(name: str, git_dir: str, jobs: int, rw, bindings) -> dict:
         second = json.loads((Path(tmp) / "second.json").read_text())
         idempotent = rw.tree_digest(root) == digest1 and not any(f["fixed"] for f in second["findings"])
         forks = fork_warnings([p.relative_to(root).as_posix() for p in files], load_map())
+        raised = {Path(f["path"]).resolve().relative_to(root.resolve()).as_posix()
+                  for f in findings if f["code"] == "MMS015"}
     return {
         "name": name, "commit": commit[:10], "files": len(files), "mentioning": len(mentioning),
         "before": len(before), "after": len(after), "unexplained": unexplained, "changed": len(changed),
         "fixed": sum(f["fixed"] for f in findings), "manual": sum(not f["fixed"] for f in findings),
         "codes": Counter(f["code"] for f in findings), "wall": wall, "wall2": wall2, "rc": rc,
-        "unparsable": unparsable, "idempotent": idempotent, "forks": [w.path for w in forks],
+        "unparsable": unparsable, "idempotent": idempotent,
+        "forks": [w.path + ("" if w.path in raised else " (settled)") for w in forks],
     }
 
 

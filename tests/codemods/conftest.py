@@ -133,3 +133,23 @@ def assert_segmented_pass_matches(source: bytes, move_map: MoveMap, name: str, p
     """Forcing the segmented pass changes neither the output nor the findings."""
     whole = migrate_source(source, move_map, path=name, package=package, segment_above=WHOLE)
     assert migrate_source(source, move_map, path=name, package=package, segment_above=0) == whole, name
+
+
+@pytest.fixture
+def codemod_in(monkeypatch, capsysbinary):
+    """codemod_in(folder, *args) -> CompletedProcess: the CLI run in this process from
+    ``folder``, its stdout and stderr captured as bytes (for tests where starting a
+    process is not the point)."""
+    import subprocess
+
+    from mm_schedule.codemods import cli
+
+    def run(folder, *args):
+        capsysbinary.readouterr()
+        with monkeypatch.context() as patched:
+            patched.chdir(folder)
+            status = cli.main([*map(str, args), "-j", "1"])
+        out, err = capsysbinary.readouterr()
+        return subprocess.CompletedProcess(args, status, out, err)
+
+    return run

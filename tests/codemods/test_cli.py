@@ -182,10 +182,10 @@ def test_module_entry_point_runs_without_torch(project, map_file):
 def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, monkeypatch, capsys, cli_main):
     real = pipeline.migrate_source
 
-    def flaky(source, move_map, *, path, package, gate):
+    def flaky(source, move_map, *, path, package, gate, **options):
         if path.endswith("a.py"):
             raise RuntimeError("boom")
-        return real(source, move_map, path=path, package=package, gate=gate)
+        return real(source, move_map, path=path, package=package, gate=gate, **options)
 
     monkeypatch.setattr(pipeline, "migrate_source", flaky)
     (project / "c.py").write_text(MOVING)

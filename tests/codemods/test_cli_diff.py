@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -35,23 +34,21 @@ def _snapshot(root):
     return {name: (root / name).read_bytes() for name in FILES}
 
 
-def _codemod(root, map_file, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "mm_schedule.codemods", ".", *args, "--map", str(map_file)],
-        cwd=root, capture_output=True, timeout=120)
+def _codemod(codemod_in, root, map_file, *args):
+    return codemod_in(root, ".", *args, "--map", map_file)
 
 
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
                     reason="needs git and patch")
-def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file):
+def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file, codemod_in):
     written = _tree(tmp_path / "written")
-    proc = _codemod(written, map_file, "--write")
+    proc = _codemod(codemod_in, written, map_file, "--write")
     assert proc.returncode == 0, proc.stderr.decode()
     expected = _snapshot(written)
     assert all(expected[name] != data for name, data in FILES.items()), "every file must change"
 
     shown = _tree(tmp_path / "shown")
-    proc = _codemod(shown, map_file, "--diff")
+    proc = _codemod(codemod_in, shown, map_file, "--diff")
     assert proc.returncode == 1, proc.stderr.decode()
     patch = proc.stdout
     assert _snapshot(shown) == FILES  # --diff writes nothing
@@ -70,7 +67,7 @@ def test_the_diff_applies_with_git_and_patch_and_equals_write(tmp_path, map_file
 
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
                     reason="needs git and patch")
-def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, map_file):
+def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, map_file, codemod_in):
     """Neither tool takes ``..`` or an absolute path from a patch: the absolute path loses
     its leading slash (as in ``git diff --no-index``) and the patch applies from ``/``."""
     outside = tmp_path / "outside" / "x.py"
@@ -78,9 +75,7 @@ def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, ma
     outside.write_bytes(FILES["crlf.py"])
     here = tmp_path / "here"
     here.mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.codemods", "--diff", "../outside/x.py",
-         "--map", str(map_file)], cwd=here, capture_output=True, timeout=120)
+    proc = codemod_in(here, "--diff", "../outside/x.py", "--map", map_file)
     assert proc.returncode == 1, proc.stderr.decode()
     name = outside.as_posix().lstrip("/").encode()
     assert proc.stdout.startswith(b"diff --git a/" + name + b" b/" + name + b"\n")
@@ -90,15 +85,14 @@ def test_a_file_outside_the_working_folder_is_named_as_git_names_it(tmp_path, ma
     subprocess.run(["git", "apply", "-"], cwd="/", input=proc.stdout, check=True)
     twin = here / "twin.py"
     twin.write_bytes(FILES["crlf.py"])
-    subprocess.run([sys.executable, "-m", "mm_schedule.codemods", "--write", "twin.py",
-                    "--map", str(map_file)], cwd=here, check=True, timeout=120)
+    assert codemod_in(here, "--write", "twin.py", "--map", map_file).returncode == 0
     assert outside.read_bytes() == twin.read_bytes() != FILES["crlf.py"]
 
 
 @pytest.mark.skipif(shutil.which("git") is None or shutil.which("patch") is None,
                     reason="needs git and patch")
 def test_run_in_a_subfolder_of_a_repository_the_patch_names_paths_from_its_top(tmp_path,
-                                                                               map_file):
+                                                                               map_file, codemod_in):
     """``git apply`` in a subfolder of a repository reads paths from the repository's top
     and silently skips the others: named from the working folder, the patch would do
     nothing there and still exit 0."""
@@ -108,9 +102,7 @@ def test_run_in_a_subfolder_of_a_repository_the_patch_names_paths_from_its_top(t
     sub.mkdir()
     original = FILES["crlf.py"]
     (sub / "x.py").write_bytes(original)
-    proc = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.codemods", "--diff", ".", "--map", str(map_file)],
-        cwd=sub, capture_output=True, timeout=120)
+    proc = codemod_in(sub, "--diff", ".", "--map", map_file)
     assert proc.returncode == 1, proc.stderr.decode()
     assert proc.stdout.startswith(b"diff --git a/pkg/x.py b/pkg/x.py\n")
     assert proc.stderr.startswith(b"x.py:2:42: MMS001")  # the report: from the working folder

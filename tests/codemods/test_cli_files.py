@@ -194,10 +194,10 @@ def test_a_file_that_takes_too_long_is_given_up_and_the_rest_is_written(tree, ma
 
     real = pipeline.migrate_source
 
-    def hangs_on_slow(source, move_map, *, path, package, gate):
+    def hangs_on_slow(source, move_map, *, path, package, gate, **options):
         if path == "slow.py":
             time.sleep(3600)
-        return real(source, move_map, path=path, package=package, gate=gate)
+        return real(source, move_map, path=path, package=package, gate=gate, **options)
 
     monkeypatch.setattr(pipeline, "migrate_source", hangs_on_slow)
     (tree / "slow.py").write_bytes(MOVING)
