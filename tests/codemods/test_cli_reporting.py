@@ -109,19 +109,17 @@ def test_bad_options_exit_3(tree, capsys):
     assert (tree / "a.py").read_text() == MOVING
 
 
-def test_json_dash_is_pure_json_on_stdout_and_text_goes_to_stderr(tree, map_file):
+def test_json_dash_is_pure_json_on_stdout_and_text_goes_to_stderr(tree, map_file, capfd):
     (tree / "t.py").write_text(MANUAL)
     (tree / "broken.py").write_text("from sglang.srt.managers.mm_utils import (\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.codemods", ".", "nope.py", "-v", "--json", "-",
-         "--map", str(map_file)],
-        cwd=tree, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    doc = json.loads(proc.stdout)  # nothing else on stdout
+    # in this process; capfd reads file descriptors 1 and 2, which the workers share
+    assert cli.main([".", "nope.py", "-v", "--json", "-", "--map", str(map_file), "-j", "2"]) == 2
+    out, err = capfd.readouterr()
+    doc = json.loads(out)  # nothing else on stdout
     assert doc["mode"] == "check"
     assert {f["path"] for f in doc["failed_files"]} == {"nope.py", "broken.py"}
-    assert "a.py:1:42: MMS001 [fixable]" in proc.stderr and "t.py:1:" in proc.stderr
-    assert "nope.py: MMS901 [error] no such file or folder" in proc.stderr
+    assert "a.py:1:42: MMS001 [fixable]" in err and "t.py:1:" in err
+    assert "nope.py: MMS901 [error] no such file or folder" in err
 
 
 def test_check_says_fixable_and_only_write_says_fixed(tree, map_file, capsys):
