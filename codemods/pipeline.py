@@ -155,7 +155,7 @@ def run(args) -> int:
     forks = fork_warnings([shown(item.real) for item in found.files], move_map)
     _migrate(args, move_map, files)
     by_path = {f.result.shown: f.result for f in files}
-    forks = _fork_notices(forks, move_map, files, found)
+    forks = _fork_notices(forks, move_map, files)
     for notice in forks:
         if notice.shown in by_path:
             by_path[notice.shown].findings[:0] = notice.findings
@@ -246,28 +246,25 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
     return files, problems
 
 
-def _fork_notices(warnings, move_map: MoveMap, files: list[_File], found: Discovery) -> list[FileResult]:
+def _fork_notices(warnings, move_map: MoveMap, files: list[_File]) -> list[FileResult]:
     """The old module's own file in the tree (a fork), unless settled: said on stderr and
     reported as a finding."""
     if not warnings:
         return []
     targets = rewrite_targets(f for file in files for f in file.result.findings)
-    acknowledged = _acknowledged_forks(found)
     notices = []
-    for finding in settle(warnings, move_map, targets, acknowledged):
+    for finding in settle(warnings, move_map, targets, _acknowledged):
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices
 
 
-def _acknowledged_forks(found: Discovery):
-    def acknowledged(path: str) -> bool:
-        try:
-            return find_config(Path(path)).acknowledge_fork
-        except ConfigError:
-            return False  # the run would have stopped on it already
-
-    return acknowledged
+def _acknowledged(path: str) -> bool:
+    """``acknowledge-fork = true`` in the settings in force for the fork's old module."""
+    try:
+        return find_config(Path(path)).acknowledge_fork
+    except ConfigError:
+        return False  # a malformed table stopped the run before anything was read
 
 
 def _migrate(args, move_map: MoveMap, files: list[_File], write: bool | None = None) -> None:
