@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import EmbeddingLengthMismatch, KernelInputError
+from ..errors import EmbeddingLengthMismatch, GraphCaptureError, KernelInputError
 from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
@@ -374,10 +374,25 @@ def embed_with_placeholders(
     )  # fmt: skip
 
 
+def _refuse_host_ids_under_capture(placeholder_ids, device) -> None:
+    """Ids in a tensor on another device are copied to the output's on every call: a CUDA
+    graph would replay that copy from a host buffer it does not own."""
+    if (
+        getattr(placeholder_ids, "device", device) != device
+        and layer(device).capturing(device)
+    ):
+        raise GraphCaptureError(
+            f"placeholder_ids is a tensor on {placeholder_ids.device} while a CUDA graph is captured"
+            f" on {device}: its copy to the device cannot be replayed; pass the ids as Python ints"
+            " or as a tensor already on the device"
+        )
+
+
 def _merge(input_ids, placeholder_ids, embeddings, out, *, weight, check, config, reference):
     """The two entry points' shared tail: optional value checks, then the torch reference
     or one launch (with ``weight``, text rows are looked up too). The mask is built once."""
     flat_ids = input_ids.reshape(-1)
+    _refuse_host_ids_under_capture(placeholder_ids, out.device)
     mask = None
     if check:
         mask = placeholder_mask(flat_ids, placeholder_ids)
