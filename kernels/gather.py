@@ -244,7 +244,7 @@ def launch_segments(
     device = dest.device
     streams = layer(device)
     with streams.guard(device):
-        stream = streams.raw(streams.current(device))
+        stream = streams.current_raw(device)
         if len(segments) == 1:
             # One segment travels as launch arguments: no table, nothing staged.
             source, src_row, n_rows, dst_row = segments[0]
@@ -263,13 +263,15 @@ def launch_segments(
             return
         if refuse_capture and streams.capturing(device):
             raise GraphCaptureError(_CAPTURE_HINT)
-        table, sources_aligned = build_table(segments, sources, device)
+        table, sources_aligned, slot = build_table(segments, sources, device, streams.staging_ring(device))
         if not (even_rows and sources_aligned):
             vec = 1
         # The destination's rows bound the table's (segments never overlap there).
         launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
                              config_items)
         _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
+        if slot is not None:
+            slot.launched()
 
 
 def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:

@@ -77,6 +77,12 @@ class RecordingLayer:
     def raw(self, stream):
         return stream
 
+    def current_raw(self, device):
+        return self.current(device)
+
+    def staging_ring(self, device):
+        return None  # CPU tensors: the packed words are the table
+
 
 @pytest.fixture
 def fake(monkeypatch, triton_backend):
@@ -90,9 +96,9 @@ def fake(monkeypatch, triton_backend):
         layer.log.append(("launch", layer.device, stream.name if stream else None))
         return real_launch(self, grid, args, variant, None)
 
-    def build(segments, sources, device):
+    def build(segments, sources, device, ring=None):
         layer.log.append(("table", layer.device, layer.current(device).name))
-        return real_build(segments, sources, device)
+        return real_build(segments, sources, device, ring)
 
     def upload(words, device, **kw):
         layer.log.append(("upload", layer.device, layer.current(device).name))
@@ -251,8 +257,8 @@ def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
     aligned = [base[: 64 * 10].view(10, 64), base[64 * 10 : 64 * 20].view(10, 64)]
     shifted = base[1 : 1 + 64 * 10].view(10, 64)  # 2 bytes past an aligned address
     segments = [(0, 0, 2, 0), (1, 3, 2, 2)]
-    words, ok = table.build_table(segments, aligned, torch.device("cpu"))
-    assert ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
+    words, ok, slot = table.build_table(segments, aligned, torch.device("cpu"))
+    assert slot is None and ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
     for sources in ([aligned[0], shifted], [shifted, aligned[0]], [shifted]):
         assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"))[1]
 
@@ -337,3 +343,52 @@ def test_placeholder_ids_on_another_device_are_refused_under_capture(fake, helpe
     expected = before.clone()
     expected[ids == 9] = rows
     helpers.assert_bitwise_equal(embeds, expected)
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log, self.recorded = log, 0
+
+    def record(self):
+        self.recorded += 1
+        self.log.append(("record", id(self)))
+
+    def synchronize(self):
+        self.log.append(("synchronize", id(self)))
+
+
+@pytest.mark.parametrize("c_helper", [True, False])
+def test_staging_ring_reuses_its_buffers_and_waits_for_the_launch_that_read_a_slot(
+    helpers, monkeypatch, c_helper
+):
+    if not c_helper:
+        monkeypatch.setattr(table, "_stream_copy", None)  # packed in Python
+    elif table._stream_copy is None:
+        pytest.skip("the C helper is not built")
+    log, allocations = [], []
+
+    def empty(n):
+        allocations.append(n)
+        return torch.full((n,), -1, dtype=torch.int64)
+
+    ring = table.StagingRing(empty, empty, lambda: FakeEvent(log))
+    sources = [helpers.random_rows(4, 64, torch.float16) for _ in range(3)]
+    staged = []
+    for call in range(2 * ring.SLOTS + 1):
+        segments = [(i % 3, 0, 1 + (call + i) % 4, 4 * i) for i in range(2 + call % 3)]
+        device_table, aligned, slot = table.build_table(segments, sources, torch.device("cpu"), ring)
+        words = table.table_words(segments, [s.data_ptr() for s in sources])
+        # The device table holds the words (then stale words the header keeps unread).
+        assert device_table[: len(words)].tolist() == list(words)
+        assert aligned == all(s.data_ptr() % 16 == 0 for s in sources)
+        slot.launched()
+        staged.append((slot, device_table.data_ptr()))
+    # One host and one device buffer per slot (8 + 8, plus growth for a longer table), and
+    # every later call reuses its slot after waiting for that slot's last launch.
+    assert len(allocations) <= 4 * ring.SLOTS
+    for call in range(ring.SLOTS, len(staged)):
+        slot, _ = staged[call]
+        assert slot is staged[call - ring.SLOTS][0]
+    assert sum(e[0] == "synchronize" for e in log) == ring.SLOTS + 1
+    first = staged[0][0].event
+    assert log.index(("synchronize", id(first))) > log.index(("record", id(first)))
