@@ -1,16 +1,22 @@
-"""Host cost of one segment-copy call, with the GPU launch stubbed out.
+"""Host cost of one segment-copy call as a GPU pays it, with only the driver stubbed out.
 
 What a serving step pays on the CPU before the GPU sees anything: checks, the segment
-table, config and kernel lookup, and Triton's launch path down to (not including) the
-driver call. The driver is replaced by a stub that accepts the launch and does nothing,
-so this runs on a machine without a GPU, on CPU tensors, with the real (compiled, not
-interpreted) Triton launch machinery. Every number is a ratio against the same stubbed
-path for an empty Triton kernel, measured in the same process.
+table and its staging, config and kernel lookup, device and stream lookups, and Triton's
+launch path down to (not including) the driver call. Two things stand in for the GPU:
 
-Not included (they need a GPU): the driver's own launch (~1-2 µs), the current-stream
-lookup, and for tables of two or more segments the pinned staging buffer, device buffer
-and ``copy_`` that upload the table. The last row measures those same torch calls on
-CPU tensors as a stand-in; on a GPU ``copy_`` adds ``cudaMemcpyAsync``.
+- the Triton driver is a stub that compiles for sm_90 and launches nothing, so Triton's
+  real (compiled, not interpreted) launch path runs in full;
+- the device/stream layer is ``GpuStandIn``: the CUDA layer's calls, one for one, on CPU
+  tensors — the device-current check and raw-stream lookup as calls returning constants,
+  the per-call table staged through the same ``StagingRing`` (memmove into a reused host
+  buffer, one ``copy_(non_blocking=True)`` into a reused table, an event recorded after
+  the launch and waited for on reuse) with CPU tensors and events that return at once.
+
+Every number is a ratio against an empty Triton launch through the same stub, measured
+in the same process. Left out, because only a GPU has them: the driver's launch (in the
+baseline too), and for tables of two or more segments the ``cudaMemcpyAsync`` and
+``cudaEventRecord`` behind the staged copy and the event (about 1-3 µs together on
+current drivers, listed with the results).
 
     python benchmarks/bench_kernel_host.py          # writes benchmarks/results/kernel_host.md
 """
@@ -18,12 +24,13 @@ CPU tensors as a stand-in; on a GPU ``copy_`` adds ``cudaMemcpyAsync``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import platform
 import shlex
 import sys
 import time
+from contextlib import nullcontext
+from itertools import cycle
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # the compiled launch path is what is measured
@@ -37,6 +44,7 @@ from triton.runtime import driver
 HIDDEN = 4096
 ROWS_PER_IMAGE = 256
 TARGET_ONE = 2.0
+TARGET_NEW_SIZE = 2.0
 TARGET_MANY = 4.0
 
 
@@ -119,20 +127,68 @@ def images(n: int, dtype=torch.bfloat16):
     return sources, segments, dest
 
 
-def staging_stand_in(n_segments: int):
-    """The torch calls a GPU adds to upload a table, run on CPU tensors."""
-    from mm_schedule.kernels.table import table_words
+class _ReadyEvent:
+    """A CUDA event whose work is always done (the driver call is what is left out)."""
 
-    sources, segments, _ = images(n_segments)
-    words = table_words(segments, [s.data_ptr() for s in sources])
+    def record(self):
+        pass
 
-    def run():
-        staging = torch.empty(len(words), dtype=torch.int64)
-        ctypes.memmove(staging.data_ptr(), words.buffer_info()[0], len(words) * 8)
-        table = torch.empty(len(words), dtype=torch.int64)
-        table.copy_(staging, non_blocking=True)
+    def synchronize(self):
+        pass
 
-    return run
+
+class GpuStandIn:
+    """The CUDA layer's calls on CPU tensors (see the module docstring)."""
+
+    def __init__(self):
+        from mm_schedule.kernels.table import StagingRing
+
+        self.current_index = 0
+        self.ring = StagingRing(
+            lambda n: torch.empty(n, dtype=torch.int64),
+            lambda n: torch.empty(n, dtype=torch.int64),
+            _ReadyEvent,
+        )
+
+    def guard(self, device):
+        # As CudaLayer.guard: the destination's device is already current, so no switch.
+        if self._current_device() == 0:
+            return nullcontext()
+        raise AssertionError("the benchmark runs on one device")
+
+    def _current_device(self):
+        return self.current_index
+
+    def current(self, device):
+        return 0
+
+    def current_raw(self, device):
+        return self.current_index
+
+    def capturing(self, device):
+        return False
+
+    def staging_ring(self, device):
+        return self.ring
+
+    def record(self, stream):
+        return _ReadyEvent()
+
+    def wait(self, stream, event):
+        pass
+
+    def keep_for(self, tensor, stream):
+        pass
+
+    def raw(self, stream):
+        return stream
+
+
+def new_sizes(source_rows: int):
+    """One image per call, each of a row count the calls before it did not have (cycling
+    only after ``source_rows`` calls)."""
+    sizes = cycle(range(source_rows, 0, -1))
+    return lambda: next(sizes)
 
 
 def main(argv=None) -> int:
@@ -151,6 +207,8 @@ def main(argv=None) -> int:
     backend.set_backend("triton")
     # The public path refuses CPU tensors without the interpreter; here they stand for GPU ones.
     gather.select_backend = lambda device: "triton"
+    stand_in = GpuStandIn()
+    gather.layer = lambda device: stand_in
 
     x = torch.empty(16)
 
@@ -173,6 +231,15 @@ def main(argv=None) -> int:
             lambda s=sources, g=segments, d=dest: trusted.copy_segments(s, g, d),
             target,
         )
+        if n == 1:
+            big = [torch.empty(4 * ROWS_PER_IMAGE, HIDDEN, dtype=torch.bfloat16)]
+            size = new_sizes(big[0].shape[0])
+            out = torch.empty(3 + big[0].shape[0], HIDDEN, dtype=torch.bfloat16)
+            case(
+                "trusted.copy_segments, 1 image of a never-seen size",
+                lambda big=big, size=size, out=out: trusted.copy_segments(big, [(0, 0, size(), 3)], out),
+                TARGET_NEW_SIZE,
+            )
     for n in (1, 64):
         sources, segments, dest = images(n)
         case(
@@ -191,7 +258,6 @@ def main(argv=None) -> int:
         )
         plan = gather.plan_segments(sources, segments, dest)
         case(f"run_segments, {n} image(s)", lambda p=plan, d=dest: gather.run_segments(p, d))
-    case("GPU table staging stand-in, 64 segments (CPU tensors)", staging_stand_in(64))
 
     lines = [
         "# Host cost per call, launch stubbed (`bench_kernel_host.py`)",
@@ -205,6 +271,10 @@ def main(argv=None) -> int:
         " the same stub (the ratio's unit)",
         "- the driver is a stub (compiles for sm_90, launches nothing): Triton's Python launch path"
         " runs in full, the GPU and the driver call do not",
+        "- the device/stream layer is the CUDA layer's calls on CPU tensors: device guard skipped when"
+        " current, raw current-stream handle, tables of two or more segments staged through the"
+        " reused `StagingRing` (memmove into a reused host buffer, `copy_(non_blocking=True)` into a"
+        " reused table, an event after the launch)",
         "",
         "| call | µs per call | empty launch µs | × empty launch | target | verdict |",
         "|---|---|---|---|---|---|",
@@ -213,9 +283,12 @@ def main(argv=None) -> int:
     lines += [
         "",
         "The scheduler's path is `trusted.copy_segments`: one image is one segment, passed to the"
-        " kernel as launch arguments (no table); several images share one table uploaded per call."
-        " On a GPU add the driver launch to every row, and the staging stand-in (or its GPU"
-        " equivalent) to tables of two or more segments.",
+        " kernel as launch arguments (no table); several images share one table staged per call"
+        " through the ring. Launches are cached per row bucket (the nearest power of two), so an"
+        " image of a size never seen before costs what a known one does. On a GPU add the driver"
+        " launch to every row (the baseline has it too), and to tables of two or more segments the"
+        " driver side of the staged copy and of the event record (`cudaMemcpyAsync` of a few hundred"
+        " bytes from pinned memory and `cudaEventRecord`: about 1-3 µs together).",
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -210,11 +210,87 @@ done:
     return result;
 }
 
+/* pack_table(address, capacity_words, segments, sources) -> (words, aligned)
+ *
+ * The segment table of table.py written straight into a host buffer of capacity_words
+ * int64 words at address: [n_segments, the segments' four fields each, every source's
+ * data_ptr()]. A step of many images calls data_ptr() on each source, which costs
+ * less from C than through Python's call machinery. Nothing is written unless it fits. */
+static PyObject *pack_table(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    Py_ssize_t capacity;
+    PyObject *segments, *sources;
+    if (!PyArg_ParseTuple(args, "KnOO", &address, &capacity, &segments, &sources)) {
+        return NULL;
+    }
+    PyObject *segs = PySequence_Fast(segments, "segments must be a sequence");
+    if (segs == NULL) {
+        return NULL;
+    }
+    PyObject *srcs = PySequence_Fast(sources, "sources must be a sequence");
+    if (srcs == NULL) {
+        Py_DECREF(segs);
+        return NULL;
+    }
+    Py_ssize_t n_segs = PySequence_Fast_GET_SIZE(segs), n_srcs = PySequence_Fast_GET_SIZE(srcs);
+    Py_ssize_t words = 1 + 4 * n_segs + n_srcs;
+    int64_t *out = (int64_t *)(uintptr_t)address;
+    int aligned = 1;
+    if (words > capacity) {
+        PyErr_Format(PyExc_ValueError, "the table needs %zd words, the buffer holds %zd", words, capacity);
+        goto fail;
+    }
+    out[0] = n_segs;
+    for (Py_ssize_t i = 0; i < n_segs; i++) {
+        PyObject *seg = PySequence_Fast(PySequence_Fast_GET_ITEM(segs, i), "a segment must be a sequence");
+        if (seg == NULL) {
+            goto fail;
+        }
+        if (PySequence_Fast_GET_SIZE(seg) != 4) {
+            Py_DECREF(seg);
+            PyErr_Format(PyExc_ValueError, "segment %zd must have 4 fields", i);
+            goto fail;
+        }
+        for (int k = 0; k < 4; k++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seg, k));
+            if (v == -1 && PyErr_Occurred()) {
+                Py_DECREF(seg);
+                goto fail;
+            }
+            out[1 + 4 * i + k] = v;
+        }
+        Py_DECREF(seg);
+    }
+    for (Py_ssize_t j = 0; j < n_srcs; j++) {
+        PyObject *value = PyObject_CallMethodNoArgs(PySequence_Fast_GET_ITEM(srcs, j), data_ptr_name);
+        if (value == NULL) {
+            goto fail;
+        }
+        unsigned long long a = PyLong_AsUnsignedLongLong(value);
+        Py_DECREF(value);
+        if (a == (unsigned long long)-1 && PyErr_Occurred()) {
+            goto fail;
+        }
+        aligned &= (a & 15) == 0;
+        out[1 + 4 * n_segs + j] = (int64_t)a;
+    }
+    Py_DECREF(segs);
+    Py_DECREF(srcs);
+    return Py_BuildValue("nO", words, aligned ? Py_True : Py_False);
+fail:
+    Py_DECREF(segs);
+    Py_DECREF(srcs);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"append_rows", append_rows, METH_VARARGS,
      "append_rows(dst_address, dst_bytes, tensors, rows, row_bytes) -> int\n\n"
      "Copy every tensor's rows[i] * row_bytes bytes, one after another, to dst_address with\n"
      "streaming stores; the total must be dst_bytes. Returns the bytes written."},
+    {"pack_table", pack_table, METH_VARARGS,
+     "pack_table(address, capacity_words, segments, sources) -> (words, aligned)\n\n"
+     "Write the segment table (header, segments, source addresses) as int64 words at address."},
     {"copy_ranges", copy_ranges, METH_VARARGS,
      "copy_ranges(dst_address, dst_bytes, src_address, src_bytes, write_from, read_from, lengths, streaming)\n\n"
      "Copy lengths[i] bytes from src_address + read_from[i] to dst_address + write_from[i] for\n"

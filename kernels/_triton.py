@@ -30,6 +30,28 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "off")
 
 
+def _interpreter_index_fix() -> None:
+    """Triton's interpreter before 3.9 turns a scalar (a one-element array) into a loop
+    bound with ``int(array)``, which NumPy 2.4 refuses for arrays of one dimension: every
+    kernel whose loop bound is an argument fails. Convert through ``squeeze`` as Triton
+    3.9 does; later versions are left alone."""
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "index_fixed", False):
+        return
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch.index_fixed = True
+    interpreter._patch_lang_tensor = patch
+
+
+if HAS_TRITON and _interpreted() and tuple(map(int, triton.__version__.split(".")[:2])) < (3, 9):
+    _interpreter_index_fix()
+
 if HAS_TRITON:
     # The interpreter's bfloat16 conversions are not the hardware's: float32 -> bfloat16
     # truncates, and bfloat16 -> float32 flushes subnormals. Compiled code converts

@@ -38,13 +38,13 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import GraphCaptureError, KernelInputError, SourceOverlapError
+from ..errors import GraphCaptureError, KernelInputError, SegmentError, SourceOverlapError
 from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
 from .fast_launch import LaunchSpec
-from .launch_config import resolve_config, unaligned_config
-from .segments import Segment, check_segments, check_tensors, total_rows
+from .launch_config import resolve_config, row_bucket, unaligned_config
+from .segments import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .streams import layer
 from .table import build_table, count_tiles, grid_bound, table_size, table_words, upload
 
@@ -54,29 +54,48 @@ SEG_BLOCK = 64  # table entries each program scans per step while finding its se
 if HAS_TRITON:
 
     @triton.jit
-    def _copy_tile(
-        src_rows,
-        dst_rows,
-        hidden,
-        n_rows,
-        MASK_ROWS: tl.constexpr,
-        MASK_COLS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-    ):
+    def _copy_step(src_rows, dst_rows, h, rows_ok, hidden,
+                   MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr, BLOCK_H: tl.constexpr):
+        cols = (h + tl.arange(0, BLOCK_H))[None, :]
+        if MASK_COLS:
+            mask = rows_ok & (cols < hidden)
+        else:
+            mask = rows_ok
+        if MASK_ROWS or MASK_COLS:
+            x = tl.load(src_rows + cols, mask=mask)
+            tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty), mask=mask)
+        else:
+            x = tl.load(src_rows + cols)
+            tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty))
+
+    @triton.jit
+    def _copy_cols(src_rows, dst_rows, stop, rows_ok, hidden,
+                   MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr, BLOCK_H: tl.constexpr):
+        for h in range(0, stop, BLOCK_H):
+            _copy_step(src_rows, dst_rows, h, rows_ok, hidden, MASK_ROWS, MASK_COLS, BLOCK_H)
+
+    @triton.jit
+    def _copy_tile(src_rows, dst_rows, hidden, n_rows, EVEN_H: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Copy ``n_rows`` (at most ``BLOCK_M``) rows of ``hidden`` elements.
+
+        On AMD a masked store waits for every load in flight before it, an unmasked one
+        only for its own load; so a full tile copies its whole ``BLOCK_H`` steps without
+        masks, and only the last step of a row length that is not a multiple of
+        ``BLOCK_H`` (outside the loop) and the partial tiles are masked."""
         rows_ok = (tl.arange(0, BLOCK_M) < n_rows)[:, None]
-        for h in range(0, hidden, BLOCK_H):
-            cols = (h + tl.arange(0, BLOCK_H))[None, :]
-            if MASK_COLS:
-                mask = rows_ok & (cols < hidden)
+        if n_rows == BLOCK_M:
+            if EVEN_H:
+                _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, False, False, BLOCK_H)
             else:
-                mask = rows_ok
-            if MASK_ROWS or MASK_COLS:
-                x = tl.load(src_rows + cols, mask=mask)
-                tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty), mask=mask)
-            else:
-                x = tl.load(src_rows + cols)
-                tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty))
+                full = hidden - hidden % BLOCK_H
+                _copy_cols(src_rows, dst_rows, full, rows_ok, hidden, False, False, BLOCK_H)
+                if full < hidden:
+                    _copy_step(src_rows, dst_rows, full, rows_ok, hidden, False, True, BLOCK_H)
+        elif EVEN_H:
+            _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, True, False, BLOCK_H)
+        else:
+            _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, True, True, BLOCK_H)
 
     @triton.jit
     def _find_segment(table_ptr, tile, n_segs, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
@@ -123,27 +142,24 @@ if HAS_TRITON:
         else:
             n_segs = tl.load(table_ptr)
             seg, first = _find_segment(table_ptr, tile, n_segs, BLOCK_M, SEG_BLOCK)
+            # Programs past the last tile (every program of an empty table, which a plan
+            # with a fixed grid launches) read no record: each load below is masked.
             live = seg < n_segs
-            record = table_ptr + 1 + tl.minimum(seg, n_segs - 1) * 4
-            base = tl.load(table_ptr + 1 + n_segs * 4 + tl.load(record))
-            src = base.to(tl.pointer_type(SRC_DTYPE)) + (tl.load(record + 1) + first) * hidden
-            dst_row = tl.load(record + 3) + first
-            n_rows = tl.where(live, tl.minimum(tl.load(record + 2) - first, BLOCK_M), 0)
+            record = table_ptr + 1 + seg * 4
+            source = tl.load(record, mask=live, other=0)
+            base = tl.load(table_ptr + 1 + n_segs * 4 + source, mask=live, other=0)
+            src_row = tl.load(record + 1, mask=live, other=0)
+            seg_n_rows = tl.load(record + 2, mask=live, other=0)
+            src = base.to(tl.pointer_type(SRC_DTYPE)) + (src_row + first) * hidden
+            dst_row = tl.load(record + 3, mask=live, other=0) + first
+            n_rows = tl.where(live, tl.minimum(seg_n_rows - first, BLOCK_M), 0)
         if VEC > 1:
             # The host checked 16-byte aligned sources; the cast pointer cannot say so itself.
             src = tl.multiple_of(src, 16)
         rows = tl.arange(0, BLOCK_M)[:, None].to(tl.int64)
         src_rows = src + rows * hidden
         dst_rows = dst_ptr + (dst_row + rows) * hidden
-        if EVEN_H:
-            # Full tiles need no mask: on AMD a masked store waits for every load of the
-            # step before it, an unmasked one only for its own.
-            if n_rows == BLOCK_M:
-                _copy_tile(src_rows, dst_rows, hidden, n_rows, False, False, BLOCK_M, BLOCK_H)
-            else:
-                _copy_tile(src_rows, dst_rows, hidden, n_rows, True, False, BLOCK_M, BLOCK_H)
-        else:
-            _copy_tile(src_rows, dst_rows, hidden, n_rows, True, True, BLOCK_M, BLOCK_H)
+        _copy_tile(src_rows, dst_rows, hidden, n_rows, EVEN_H, BLOCK_M, BLOCK_H)
 
 else:
     segment_copy_kernel = None
@@ -165,11 +181,12 @@ class _Launch(NamedTuple):
 
 
 @lru_cache(maxsize=4096)
-def _launch_for(device, dtype, src_dtype, hidden: int, n_rows: int, vec: int, one: bool, config_items):
-    """Everything about a launch that follows from its shape, resolved once per shape."""
+def _launch_for(device, dtype, src_dtype, hidden: int, bucket: int, vec: int, one: bool, config_items):
+    """Everything about a launch that follows from its shape, resolved once per shape and
+    row bucket (``launch_config.row_bucket``): a new image size costs no lookup."""
     config = dict(config_items) if config_items is not None else None
     cfg = resolve_config(
-        KERNEL_NAME, dtype=dtype, hidden=hidden, n_rows=max(n_rows, 1), device=device, config=config
+        KERNEL_NAME, dtype=dtype, hidden=hidden, n_rows=bucket, device=device, config=config
     )
     return _make_launch(src_dtype, hidden, vec, one, cfg)
 
@@ -227,24 +244,34 @@ def launch_segments(
     device = dest.device
     streams = layer(device)
     with streams.guard(device):
-        stream = streams.raw(streams.current(device))
+        stream = streams.current_raw(device)
         if len(segments) == 1:
             # One segment travels as launch arguments: no table, nothing staged.
             source, src_row, n_rows, dst_row = segments[0]
+            if dst_row + n_rows > INT32_MAX:
+                # The launch's compiled handle takes these as 32-bit integers.
+                raise SegmentError(
+                    f"segment {tuple(segments[0])}: destination rows up to {dst_row + n_rows} do not"
+                    f" fit the kernel's 32-bit row arguments (at most {INT32_MAX})"
+                )
             address = sources[source].data_ptr() + src_row * hidden * itemsize
             if not (even_rows and address % 16 == 0):
                 vec = 1
-            launch = _launch_for(device, dest.dtype, first.dtype, hidden, n_rows, vec, True, config_items)
+            launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_rows), vec, True,
+                                 config_items)
             _launch(launch, dest, -(-n_rows // launch.block_m), None, (address, dst_row, n_rows), stream)
             return
         if refuse_capture and streams.capturing(device):
             raise GraphCaptureError(_CAPTURE_HINT)
-        table, sources_aligned = build_table(segments, sources, device)
+        table, sources_aligned, slot = build_table(segments, sources, device, streams.staging_ring(device))
         if not (even_rows and sources_aligned):
             vec = 1
         # The destination's rows bound the table's (segments never overlap there).
-        launch = _launch_for(device, dest.dtype, first.dtype, hidden, n_dest, vec, False, config_items)
+        launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
+                             config_items)
         _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
+        if slot is not None:
+            slot.launched()
 
 
 def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:
@@ -444,6 +471,12 @@ class SegmentPlan:
         streams = layer(self.device)
         with streams.guard(self.device):
             stream = streams.current(self.device)
+            if reuse:
+                # Rewriting the table in place: launches queued on other streams may still
+                # read it, so the copy waits for everything they have queued so far.
+                for other in self.ready_streams:
+                    if other != stream:
+                        streams.wait(stream, streams.record(other))
             self.table = upload(words, self.device, into=self.table if reuse else None)
             self.upload_stream = stream
             self.upload_event = streams.record(stream)
@@ -453,7 +486,9 @@ class SegmentPlan:
         """Point the plan at new sources and segments without moving its device table.
 
         Uploads on the current stream; call it outside graph capture (it stages host
-        memory) and on the stream that runs or replays the plan."""
+        memory) and on the stream that runs or replays the plan. A table rewritten in
+        place is copied only after the work queued so far on every other stream the plan
+        ran on (their launches may still read it)."""
         refuse_under_capture(self.device, "SegmentPlan.update")
         segments = list(segments)
         check_tensors(sources, _DestSpec(self))
@@ -528,20 +563,28 @@ def run_segments(plan: SegmentPlan, dest) -> None:
         )
     if not dest.is_contiguous():
         raise KernelInputError("destination must be contiguous")
-    if plan.backend == "torch":
-        gather_segments_ref(plan.sources, plan.segments, dest)
-        return
     if plan.aligned and dest.data_ptr() % 16:
         raise KernelInputError(
             "the plan was made for a 16-byte aligned destination; this one is not"
         )
-    if plan.grid == 0:
-        return
     streams = layer(plan.device)
     with streams.guard(plan.device):
+        capturing = streams.capturing(plan.device)
+        if capturing and (plan.capacity is None or plan.backend == "torch"):
+            raise GraphCaptureError(
+                "run_segments is being captured for a plan without capacity (or on the torch"
+                " backend): a graph would keep its launch as it is now, and a longer table given to"
+                " update() gets a new device table and a larger grid the graph never sees; plan"
+                " with plan_segments(..., capacity=N) on the Triton backend to capture"
+            )
+        if plan.backend == "torch":
+            gather_segments_ref(plan.sources, plan.segments, dest)
+            return
+        if plan.grid == 0:
+            return
         stream = streams.current(plan.device)
         if stream not in plan.ready_streams:
-            if streams.capturing(plan.device):
+            if capturing:
                 raise GraphCaptureError(
                     "run_segments is being captured on a stream the plan has never run on; run it"
                     " once on that stream before capturing (a warm-up), or plan while it is current"

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import EmbeddingLengthMismatch, KernelInputError
+from ..errors import EmbeddingLengthMismatch, GraphCaptureError, KernelInputError
 from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
@@ -48,6 +48,43 @@ from .streams import layer
 KERNEL_NAME = "placeholder_merge"
 
 if HAS_TRITON:
+
+    @triton.jit
+    def _merge_step(mm_rows, text_rows, out_rows, h, hidden, mm_ok, text_ok, write_ok, is_mm,
+                    LOOKUP_TEXT: tl.constexpr, MASK_LOADS: tl.constexpr, MASK_STORE: tl.constexpr,
+                    MASK_COLS: tl.constexpr, BLOCK_H: tl.constexpr):
+        cols = (h + tl.arange(0, BLOCK_H))[None, :]
+        out_dtype = out_rows.dtype.element_ty
+        if MASK_COLS:
+            col_ok = cols < hidden
+        else:
+            col_ok = cols >= 0  # all true: folded away
+        if MASK_LOADS or MASK_COLS:
+            value = cast_to(tl.load(mm_rows + cols, mask=mm_ok & col_ok, other=0), out_dtype)
+        else:
+            value = cast_to(tl.load(mm_rows + cols), out_dtype)
+        if LOOKUP_TEXT:
+            text = tl.load(text_rows + cols, mask=text_ok & col_ok, other=0)
+            value = tl.where(is_mm, value, cast_to(text, out_dtype))
+        if MASK_STORE or MASK_COLS:
+            tl.store(out_rows + cols, value, mask=write_ok & col_ok)
+        else:
+            tl.store(out_rows + cols, value)
+
+    @triton.jit
+    def _merge_rows(mm_rows, text_rows, out_rows, hidden, mm_ok, text_ok, write_ok, is_mm,
+                    EVEN_H: tl.constexpr, LOOKUP_TEXT: tl.constexpr, MASK_LOADS: tl.constexpr,
+                    MASK_STORE: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Every ``BLOCK_H`` step of the tile's rows; unmasked steps but for the last of an
+        odd row length, which runs once, outside the loop."""
+        full = hidden - hidden % BLOCK_H
+        for h in range(0, full, BLOCK_H):
+            _merge_step(mm_rows, text_rows, out_rows, h, hidden, mm_ok, text_ok, write_ok, is_mm,
+                        LOOKUP_TEXT, MASK_LOADS, MASK_STORE, False, BLOCK_H)
+        if not EVEN_H:
+            if full < hidden:
+                _merge_step(mm_rows, text_rows, out_rows, full, hidden, mm_ok, text_ok, write_ok,
+                            is_mm, LOOKUP_TEXT, MASK_LOADS, MASK_STORE, True, BLOCK_H)
 
     @triton.jit(do_not_specialize=["n_tokens", "vocab", "n_mm", "hidden_vecs"])
     def placeholder_merge_kernel(
@@ -65,6 +102,7 @@ if HAS_TRITON:
         BLOCK_M: tl.constexpr,
         BLOCK_H: tl.constexpr,
         VEC: tl.constexpr,
+        EVEN_H: tl.constexpr,
     ):
         tok = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
         tok_ok = tok < n_tokens
@@ -73,34 +111,31 @@ if HAS_TRITON:
         mm_ok = tok_ok & is_mm & (mm_row < n_mm)
         # A product with a constexpr: divisibility by VEC is known for every row length.
         hidden = hidden_vecs * VEC
-        if LOOKUP_TEXT:
+        mm_rows = mm_ptr + tl.where(mm_ok, mm_row, 0)[:, None] * hidden
+        out_rows = out_ptr + tok[:, None] * hidden
+        # On AMD a masked access waits for every load in flight before the store: a tile
+        # whose rows all come from one table (all placeholders with a row, or, with the
+        # lookup, all text ids in range) copies unmasked; only mixed tiles and the last
+        # tile mask.
+        n_mm_rows = tl.sum(mm_ok.to(tl.int32), 0)
+        if n_mm_rows == BLOCK_M:
+            _merge_rows(mm_rows, mm_rows, out_rows, hidden, mm_ok[:, None], mm_ok[:, None],
+                        mm_ok[:, None], is_mm[:, None], EVEN_H, False, False, False, BLOCK_H)
+        elif LOOKUP_TEXT:
             ids = tl.load(ids_ptr + tok, mask=tok_ok, other=0).to(tl.int64)
             text_ok = tok_ok & (~is_mm) & (ids >= 0) & (ids < vocab)
-            write_ok = tok_ok
-        else:
-            write_ok = mm_ok
-        out_dtype = out_ptr.dtype.element_ty
-        for h in range(0, hidden, BLOCK_H):
-            cols = h + tl.arange(0, BLOCK_H)
-            col_ok = (cols < hidden)[None, :]
-            mm = tl.load(
-                mm_ptr + mm_row[:, None] * hidden + cols[None, :],
-                mask=mm_ok[:, None] & col_ok,
-                other=0,
-            )
-            value = cast_to(mm, out_dtype)
-            if LOOKUP_TEXT:
-                text = tl.load(
-                    weight_ptr + ids[:, None] * hidden + cols[None, :],
-                    mask=text_ok[:, None] & col_ok,
-                    other=0,
-                )
-                value = tl.where(is_mm[:, None], value, cast_to(text, out_dtype))
-            tl.store(
-                out_ptr + tok[:, None] * hidden + cols[None, :],
-                value,
-                mask=write_ok[:, None] & col_ok,
-            )
+            text_rows = weight_ptr + tl.where(text_ok, ids, 0)[:, None] * hidden
+            if tl.sum(text_ok.to(tl.int32), 0) == BLOCK_M:
+                _merge_rows(text_rows, text_rows, out_rows, hidden, text_ok[:, None],
+                            text_ok[:, None], text_ok[:, None], is_mm[:, None], EVEN_H, False,
+                            False, False, BLOCK_H)
+            else:
+                # Rows of neither kind are written as zeros.
+                _merge_rows(mm_rows, text_rows, out_rows, hidden, mm_ok[:, None], text_ok[:, None],
+                            tok_ok[:, None], is_mm[:, None], EVEN_H, True, True, True, BLOCK_H)
+        elif n_mm_rows > 0:
+            _merge_rows(mm_rows, mm_rows, out_rows, hidden, mm_ok[:, None], mm_ok[:, None],
+                        mm_ok[:, None], is_mm[:, None], EVEN_H, False, True, True, BLOCK_H)
 
 
 def placeholder_mask(input_ids, placeholder_ids):
@@ -297,6 +332,7 @@ def _launch_on_device(grid, input_ids, mask, counts, weight, embeddings, out, lo
         BLOCK_M=cfg["BLOCK_M"],
         BLOCK_H=cfg["BLOCK_H"],
         VEC=vec,
+        EVEN_H=hidden % cfg["BLOCK_H"] == 0,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -374,10 +410,25 @@ def embed_with_placeholders(
     )  # fmt: skip
 
 
+def _refuse_host_ids_under_capture(placeholder_ids, device) -> None:
+    """Ids in a tensor on another device are copied to the output's on every call: a CUDA
+    graph would replay that copy from a host buffer it does not own."""
+    if (
+        getattr(placeholder_ids, "device", device) != device
+        and layer(device).capturing(device)
+    ):
+        raise GraphCaptureError(
+            f"placeholder_ids is a tensor on {placeholder_ids.device} while a CUDA graph is captured"
+            f" on {device}: its copy to the device cannot be replayed; pass the ids as Python ints"
+            " or as a tensor already on the device"
+        )
+
+
 def _merge(input_ids, placeholder_ids, embeddings, out, *, weight, check, config, reference):
     """The two entry points' shared tail: optional value checks, then the torch reference
     or one launch (with ``weight``, text rows are looked up too). The mask is built once."""
     flat_ids = input_ids.reshape(-1)
+    _refuse_host_ids_under_capture(placeholder_ids, out.device)
     mask = None
     if check:
         mask = placeholder_mask(flat_ids, placeholder_ids)

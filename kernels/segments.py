@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 from ..errors import KernelInputError, SegmentError
 
 SEGMENT_FIELDS = 4  # (source, src_row, n_rows, dst_row)
+# Rows and row offsets are 32-bit integers where a launch passes them as arguments.
+INT32_MAX = 2**31 - 1
 
 
 class Segment(NamedTuple):
@@ -55,6 +57,11 @@ def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_
             raise SegmentError(
                 f"segment {i} {tuple(seg)}: destination rows [{dst_row}, {dst_row + n_rows}) outside"
                 f" a destination of {dst_rows} rows"
+            )
+        if max(src_row + n_rows, dst_row + n_rows) > INT32_MAX:
+            raise SegmentError(
+                f"segment {i} {tuple(seg)}: row {max(src_row, dst_row) + n_rows} is past the kernels'"
+                f" 32-bit row limit ({INT32_MAX}); split the tensor"
             )
         spans.append((dst_row, dst_row + n_rows, i))
     overlap = first_overlap(spans)

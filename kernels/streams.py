@@ -41,14 +41,49 @@ class HostLayer:
     def raw(self, stream):
         return None
 
+    def current_raw(self, device):
+        return None
+
+    def staging_ring(self, device):
+        """Where per-call tables are staged; None: the host words are the table."""
+        return None
+
 
 class CudaLayer:
     """torch.cuda streams and events."""
 
+    def __init__(self):
+        self._rings: dict = {}
+
     def guard(self, device):
         import torch
 
+        # Entering a device that is already current would only switch to it and back.
+        if device.index is None or device.index == torch.cuda.current_device():
+            return nullcontext()
         return torch.cuda.device(device)
+
+    def current_raw(self, device):
+        """The current stream's raw handle, without building a stream object."""
+        import torch
+
+        return torch._C._cuda_getCurrentRawStream(
+            torch.cuda.current_device() if device.index is None else device.index
+        )
+
+    def staging_ring(self, device):
+        ring = self._rings.get(device)
+        if ring is None:
+            import torch
+
+            from .table import StagingRing
+
+            ring = self._rings[device] = StagingRing(
+                lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),
+                lambda n: torch.empty(n, dtype=torch.int64, device=device),
+                torch.cuda.Event,
+            )
+        return ring
 
     def current(self, device):
         import torch

@@ -162,7 +162,8 @@ def placeholder_merge_specs(v: Variant) -> list[AotSpec]:
             "n_mm": "i32",
             "hidden_vecs": "i32",
         }
-        constexprs = {"LOOKUP_TEXT": lookup_text, **v.blocks}
+        constexprs = {"LOOKUP_TEXT": lookup_text, **v.blocks,
+                      "EVEN_H": v.hidden % v.config["BLOCK_H"] == 0}
         divisible = ["ids_ptr", "is_mm_ptr", "mm_count_ptr"]
         if v.aligned:
             divisible += ["weight_ptr", "mm_ptr", "out_ptr"]

@@ -18,8 +18,11 @@ Steps, in order, each inside what is left of ``--budget-s``:
 
 Everything lands in ``--out``: ``gpu_check.log`` (all output), ``gpu_check.json`` (the
 summary, rewritten after every step, so a killed run still says how far it got),
-``tuned/<kernel>/<device>.json`` and ``kernels_<device>.{md,json,png}``. On a GPU the
-same files are also copied into ``benchmarks/results/`` (``--results-dir``).
+``tuned/<kernel>/<device>.json`` and ``kernels_<device>.{md,json,png}``. On a GPU, after
+every step, the same files are also copied into ``benchmarks/results/`` (``--results-dir``)
+and the tuned files installed into the package's shipped config folder
+``kernels/configs/<kernel>/<device>.json`` (``--configs-dir``), where the runtime loads
+them with no setting: a run killed half-way keeps what it had measured.
 
 ``--dry-run`` runs every step on the CPU under the Triton interpreter at tiny sizes, in
 seconds: what the test-suite does to keep this script working without a GPU.
@@ -44,6 +47,8 @@ import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ..tuned_configs import SHIPPED_CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
@@ -120,7 +125,7 @@ def parse_args(argv=None):
     )
     ap.add_argument("--out", type=Path, required=True, help="folder for every result file")
     ap.add_argument(
-        "--budget-s", type=float, default=300.0, help="whole run (default: %(default)s s)"
+        "--budget-s", type=float, default=450.0, help="whole run (default: %(default)s s)"
     )
     ap.add_argument(
         "--tests-s", type=float, default=60.0, help="cap on the GPU tests (default: %(default)s)"
@@ -142,6 +147,13 @@ def parse_args(argv=None):
         default=None,
         help="also copy the results here (default: benchmarks/results on a GPU, nothing on"
         " --dry-run)",
+    )
+    ap.add_argument(
+        "--configs-dir",
+        type=Path,
+        default=None,
+        help="install the tuned config files here, where the runtime loads them (default: the"
+        " package's shipped folder kernels/configs on a GPU, nothing on --dry-run)",
     )
     ap.add_argument("--skip", default="", help="comma-separated steps to skip: tests,tune,bench")
     ap.add_argument(
@@ -183,11 +195,22 @@ def main(argv=None) -> int:
                 summary.exit_status = status
                 summary.write(out)
                 _print_summary(summary)
-    results = args.results_dir or (None if args.dry_run else DEFAULT_RESULTS)
-    # A run that found no GPU measured nothing: there is nothing to put beside the results.
-    if results is not None and summary.environment and (args.dry_run or summary.environment.get("gpu")):
-        _copy_results(out, results, summary.environment)
+    _publish(args, out, summary.environment, final=True)
     return status
+
+
+def _publish(args, out: Path, env: dict, *, final: bool = False) -> None:
+    """Copy what the run has so far beside the committed results and install the tuned
+    configs; called after every step, so a run killed later keeps what it measured."""
+    # A run that found no GPU measured nothing: there is nothing to put anywhere.
+    if not env or not (args.dry_run or env.get("gpu")):
+        return
+    results = args.results_dir or (None if args.dry_run else DEFAULT_RESULTS)
+    if results is not None:
+        _copy_results(out, results, env, quiet=not final)
+    configs = args.configs_dir or (None if args.dry_run else SHIPPED_CONFIG_DIR)
+    if configs is not None:
+        _install_configs(out, configs, quiet=not final)
 
 
 def _interrupt(signum, frame):
@@ -246,6 +269,7 @@ def _run(args, out: Path, summary: Summary) -> int:
             step.seconds = round(time.monotonic() - started, 1)
         print(f"== {name}: {step.status} ({step.seconds} s) {step.detail}", flush=True)
         summary.write(out)
+        _publish(args, out, env)
     bad = [s for s in summary.steps if s.status in ("failed", "timed out")]
     return 1 if bad else 0
 
@@ -417,7 +441,19 @@ def _load_bench():
     return module
 
 
-def _copy_results(out: Path, results: Path, env: dict) -> None:
+def _install_configs(out: Path, configs: Path, *, quiet: bool) -> None:
+    """The tuned files into a config folder the runtime reads (``<kernel>/<device>.json``)."""
+    installed = []
+    for path in sorted((out / "tuned").glob("*/*.json")):
+        target = configs / path.parent.name / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+        installed.append(str(target))
+    if installed and not quiet:
+        print(f"tuned configs installed where the runtime loads them: {', '.join(installed)}")
+
+
+def _copy_results(out: Path, results: Path, env: dict, *, quiet: bool = False) -> None:
     """The benchmark's files and the tuned configs, beside the committed results."""
     results.mkdir(parents=True, exist_ok=True)
     copied = []
@@ -432,7 +468,8 @@ def _copy_results(out: Path, results: Path, env: dict) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
         copied.append(str(target.relative_to(results)))
-    print(f"copied to {results}: {', '.join(copied)}")
+    if not quiet:
+        print(f"copied to {results}: {', '.join(copied)}")
 
 
 def _print_summary(summary: Summary) -> None:

@@ -2,9 +2,10 @@
 
 - Vector width: rows whose length is a multiple of 8 elements but not of 16 (Triton only
   marks integer arguments divisible by 16) still move 16 bytes per load and store.
-- Full tiles on AMD: the loop that copies a tile of ``BLOCK_M`` rows with a row length
-  that is a multiple of ``BLOCK_H`` has no masks, so a store waits only for its own load
-  instead of every load in flight (``s_waitcnt vmcnt(0)`` before each store).
+- Full tiles on AMD: the loop that copies a tile of ``BLOCK_M`` rows has no masks, so a
+  store waits only for its own load instead of every load in flight (``s_waitcnt
+  vmcnt(0)`` before each store) — also when the row length is no multiple of ``BLOCK_H``
+  (one masked step after the loop) and in the placeholder merge (tiles of one kind).
 - Casts: float32 -> bfloat16 uses the hardware conversion where there is one (sm_90's
   ``cvt.rn.bf16x2.f32``, gfx950's ``v_cvt_pk_bf16_f32``), not an integer rounding sequence.
 
@@ -24,6 +25,8 @@ from mm_schedule.kernels.tools import asm
 pytest.importorskip("triton")
 
 ODD_HIDDEN = (1000, 1176, 3592)  # multiples of 8, not of 16
+# Row lengths that are no multiple of the heuristic's BLOCK_H (3584 below 8,192 rows).
+FULL_TILE_SHAPES = ((1000, 8192), (1152, 1024), (3592, 8192), (3584, 1024))
 DTYPES = ("bfloat16", "float16", "float32")
 
 COMPILE = r"""
@@ -38,7 +41,7 @@ from mm_schedule.kernels.tools.aot import aot_specs, assembly, compile_for
 cases, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 for case in cases:
     dtype, src = getattr(torch, case["dtype"]), getattr(torch, case["src_dtype"])
-    config = heuristic_config(case["kernel"], dtype=dtype, hidden=case["hidden"], n_rows=8192)
+    config = heuristic_config(case["kernel"], dtype=dtype, hidden=case["hidden"], n_rows=case["rows"])
     specs = aot_specs(case["kernel"], dtype=dtype, src_dtype=src, hidden=case["hidden"],
                       aligned=case["aligned"], config=config)
     (spec,) = [s for s in specs if s.variant == case["variant"]]
@@ -49,11 +52,11 @@ print(json.dumps(cases))
 """
 
 
-def _case(kernel, variant, dtype, hidden, target, src_dtype=None, aligned=True):
+def _case(kernel, variant, dtype, hidden, target, src_dtype=None, aligned=True, rows=8192):
     src_dtype = src_dtype or dtype
-    name = f"{kernel}-{variant}-{src_dtype}-to-{dtype}-{hidden}-{target}"
+    name = f"{kernel}-{variant}-{src_dtype}-to-{dtype}-{hidden}-{target}-{rows}"
     return dict(id=name, kernel=kernel, variant=variant, dtype=dtype, src_dtype=src_dtype,
-                hidden=hidden, target=target, aligned=aligned)  # fmt: skip
+                hidden=hidden, target=target, aligned=aligned, rows=rows)  # fmt: skip
 
 
 def _cases():
@@ -74,7 +77,16 @@ def _cases():
     for target in ("sm90", "gfx950"):
         cases.append(_case("segment_gather", "aligned", "bfloat16", 4096, target, "float32"))
     cases.append(_case("placeholder_merge", "aligned-merge", "bfloat16", 4096, "sm90", "float32"))
-    return cases
+    for hidden, rows in FULL_TILE_SHAPES:
+        if hidden not in ODD_HIDDEN:
+            cases.append(_case("segment_gather", "aligned", "bfloat16", hidden, "gfx942", rows=rows))
+        cases.append(_case("segment_gather", "aligned-one", "bfloat16", hidden, "gfx942", rows=rows))
+        cases.append(_case("placeholder_merge", "aligned-lookup", "bfloat16", hidden, "gfx942",
+                           rows=rows))  # fmt: skip
+        if hidden not in ODD_HIDDEN:
+            cases.append(_case("placeholder_merge", "aligned-merge", "bfloat16", hidden, "gfx942",
+                               rows=rows))  # fmt: skip
+    return list({c["id"]: c for c in cases}.values())
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +199,29 @@ def test_fp32_to_bf16_uses_the_native_conversion_on_gfx950(compiled):
     ((_, cast),) = _pick(compiled, target="gfx950", src_dtype="float32")
     assert asm.instructions(cast)["v_cvt_pk_bf16_f32"] > 0
     assert "0x7fff" not in cast.lower()
+
+
+def _unserialised(loop: str) -> bool:
+    """No store waits for a load other than its own: with one load per step the wait for
+    it is ``vmcnt(0)``; with more, each store leaves the others in flight."""
+    waits = asm.waits_before_stores(loop)
+    loads = sum(n for (kind, _), n in asm.global_accesses(loop).items() if kind == "load")
+    if loads == 1:
+        return waits == ["vmcnt(0)"]
+    return bool(waits) and all(w.startswith("vmcnt(") and w != "vmcnt(0)" for w in waits)
+
+
+@pytest.mark.parametrize(("hidden", "rows"), FULL_TILE_SHAPES)
+def test_full_tiles_of_odd_row_lengths_store_without_waiting_for_every_load(compiled, hidden, rows):
+    """The row length is no multiple of BLOCK_H: the full tile's loop is still unmasked
+    (its one masked step runs after it), in both kernels and every launch form."""
+    expected = {"aligned": 1, "aligned-one": 1, "aligned-merge": 1, "aligned-lookup": 2}
+    for case, text in _pick(compiled, hidden=hidden, rows=rows, target="gfx942", dtype="bfloat16",
+                            src_dtype="bfloat16", aligned=True):
+        assert case["even_h"] is False, case  # no multiple of BLOCK_H: the tail path is compiled
+        straight, _ = _tile_loops(text)
+        # The lookup has two: tiles of placeholders only and tiles of text only.
+        assert len(straight) == expected[case["variant"]], (case["id"], len(straight))
+        assert all(_unserialised(loop) for loop in straight), [
+            asm.waits_before_stores(loop) for loop in straight
+        ]

@@ -31,7 +31,8 @@ def dry_run(tmp_path_factory):
     env = dict(os.environ, TRITON_INTERPRET="1")
     env.pop("MM_SCHEDULE_KERNEL_BACKEND", None)
     done = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(out)],
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(out),
+         "--configs-dir", str(out / "installed")],
         cwd=out, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     return out, done
@@ -50,6 +51,9 @@ def test_dry_run_runs_every_step_and_writes_every_file(dry_run):
     heuristic = heuristic_config("segment_gather", dtype=torch.bfloat16, hidden=64, n_rows=16)
     assert table.configs["bfloat16"][64][16] in (TINY[0], heuristic)
     assert summary["tuner"] and "best" in summary["tuner"][0]["msg"]
+    # ... and installed where --configs-dir says (on a GPU: the shipped folder the runtime reads).
+    installed = out / "installed" / "segment_gather" / "cpu.json"
+    assert installed.read_bytes() == (out / "tuned" / "segment_gather" / "cpu.json").read_bytes()
     # The benchmark ran our Triton kernel (interpreted), bit-exact on every path.
     bench = json.loads((out / "kernels_cpu-smoke.json").read_text())
     assert bench["records"] and all(r["bit_exact"] for r in bench["records"])
@@ -160,3 +164,36 @@ def test_wrapper_runs_from_anywhere_with_a_relative_out(tmp_path):
     summary = json.loads((tmp_path / "rel" / "gpu_check.json").read_text())
     assert summary["environment"]["repository"] == str(REPO)
     assert (tmp_path / "rel" / "tuned" / "segment_gather" / "cpu.json").is_file()
+
+
+def test_every_module_needing_an_optional_package_is_left_out_without_it():
+    """The GPU machine may lack a test-only package: a module importing one is listed in
+    the conftest, so that it is left out of collection instead of stopping the GPU tests."""
+    import re
+    from pathlib import Path
+
+    from tests.kernels import conftest
+
+    folder = Path(conftest.__file__).parent
+    for name, listed in conftest.OPTIONAL_IMPORTS.items():
+        pattern = re.compile(rf"^\s*(?:from|import)\s+{name}\b", re.M)
+        importing = sorted(p.name for p in folder.glob("test_*.py") if pattern.search(p.read_text()))
+        assert importing == sorted(listed), name
+
+
+def test_a_gpu_run_installs_tuned_configs_where_the_runtime_loads_them(tmp_path, monkeypatch):
+    from mm_schedule.kernels.tools import gpu_check
+
+    assert gpu_check.SHIPPED_CONFIG_DIR == tuned_configs.SHIPPED_CONFIG_DIR
+    shipped, results = tmp_path / "shipped", tmp_path / "results"
+    monkeypatch.setattr(gpu_check, "SHIPPED_CONFIG_DIR", shipped)
+    out = tmp_path / "out"
+    (out / "tuned" / "segment_gather").mkdir(parents=True)
+    (out / "tuned" / "segment_gather" / "NVIDIA_H200.json").write_text("{}")
+    (out / "gpu_check.log").write_text("log")
+    args = gpu_check.parse_args(["--out", str(out), "--results-dir", str(results)])
+    gpu_check._publish(args, out, {"gpu": None})  # no GPU: nothing measured, nothing copied
+    assert not shipped.exists()
+    gpu_check._publish(args, out, {"gpu": "NVIDIA H200"})
+    assert (shipped / "segment_gather" / "NVIDIA_H200.json").read_text() == "{}"
+    assert (results / "tuned" / "segment_gather" / "NVIDIA_H200.json").is_file()

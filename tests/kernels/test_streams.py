@@ -34,11 +34,13 @@ class RecordingLayer:
     def __init__(self):
         self.device = "other"
         self.streams = {}
+        self.named = {}
         self.log = []
         self.capture = False
 
     def set_stream(self, device, name):
-        self.streams[str(device)] = Stream(name)
+        # One object per name, as torch gives equal stream objects for one stream.
+        self.streams[str(device)] = self.named.setdefault(name, Stream(name))
 
     def guard(self, device):
         layer = self
@@ -56,7 +58,7 @@ class RecordingLayer:
         return Guard()
 
     def current(self, device):
-        return self.streams.setdefault(str(device), Stream("default"))
+        return self.streams.setdefault(str(device), self.named.setdefault("default", Stream("default")))
 
     def capturing(self, device):
         return self.capture
@@ -75,6 +77,12 @@ class RecordingLayer:
     def raw(self, stream):
         return stream
 
+    def current_raw(self, device):
+        return self.current(device)
+
+    def staging_ring(self, device):
+        return None  # CPU tensors: the packed words are the table
+
 
 @pytest.fixture
 def fake(monkeypatch, triton_backend):
@@ -88,9 +96,9 @@ def fake(monkeypatch, triton_backend):
         layer.log.append(("launch", layer.device, stream.name if stream else None))
         return real_launch(self, grid, args, variant, None)
 
-    def build(segments, sources, device):
+    def build(segments, sources, device, ring=None):
         layer.log.append(("table", layer.device, layer.current(device).name))
-        return real_build(segments, sources, device)
+        return real_build(segments, sources, device, ring)
 
     def upload(words, device, **kw):
         layer.log.append(("upload", layer.device, layer.current(device).name))
@@ -190,7 +198,7 @@ def test_update_uploads_again_and_other_streams_wait_for_the_new_copy(fake, help
     fake.log.clear()
     plan.update(sources, swapped)
     assert ("upload", "cpu", "A") in fake.log
-    event = next(e for e in fake.log if e[0] == "record")[2]
+    event = [e for e in fake.log if e[0] == "record"][-1][2]  # the upload's (after B's)
     fake.set_stream("cpu", "B")
     fake.log.clear()
     run_segments(plan, out)
@@ -249,7 +257,138 @@ def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
     aligned = [base[: 64 * 10].view(10, 64), base[64 * 10 : 64 * 20].view(10, 64)]
     shifted = base[1 : 1 + 64 * 10].view(10, 64)  # 2 bytes past an aligned address
     segments = [(0, 0, 2, 0), (1, 3, 2, 2)]
-    words, ok = table.build_table(segments, aligned, torch.device("cpu"))
-    assert ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
+    words, ok, slot = table.build_table(segments, aligned, torch.device("cpu"))
+    assert slot is None and ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
     for sources in ([aligned[0], shifted], [shifted, aligned[0]], [shifted]):
         assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"))[1]
+
+
+# --- empty steps, capture of plans, updates across streams -----------------------------
+
+
+def test_an_empty_table_with_a_fixed_grid_copies_nothing_and_reads_no_record(fake, helpers):
+    """A step without images in a captured engine: every program of the grid runs and
+    finds no segment (the kernel masks its record loads; the host launches anyway)."""
+    sources, segments = _data(helpers, 5)
+    out = helpers.random_rows(10, 64, torch.float16)
+    before = out.clone()
+    for srcs in (sources, []):
+        plan = plan_segments(srcs, [], out, config=SMALL, capacity=8)
+        fake.log.clear()
+        run_segments(plan, out)
+        assert ("launch", "cpu", "default") in fake.log  # the fixed grid was launched
+        helpers.assert_bitwise_equal(out, before)
+    # A full plan emptied by update(), then filled again.
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+    plan.update([], [])
+    run_segments(plan, out)
+    helpers.assert_bitwise_equal(out, before)
+    plan.update(sources, segments)
+    run_segments(plan, out)
+    expected = before.clone()
+    gather_mod.gather_segments_ref(sources, segments, expected)
+    helpers.assert_bitwise_equal(out, expected)
+
+
+def test_capture_refuses_a_plan_without_capacity(fake, helpers):
+    sources, segments = _data(helpers, 6)
+    out = helpers.poisoned((10, 64), torch.float16)
+    plan = plan_segments(sources, segments, out, config=SMALL)  # grid = today's tile count
+    empty = plan_segments(sources, [], out, config=SMALL)
+    run_segments(plan, out)
+    fake.capture = True
+    fake.log.clear()
+    with pytest.raises(GraphCaptureError, match="capacity"):
+        run_segments(plan, out)
+    assert not any(e[0] == "launch" for e in fake.log)
+    with pytest.raises(GraphCaptureError, match="capacity"):
+        run_segments(empty, out)
+
+
+def test_update_in_place_waits_for_every_other_stream_the_plan_ran_on(fake, helpers):
+    sources, segments = _data(helpers, 7)
+    out = helpers.poisoned((10, 64), torch.float16)
+    fake.set_stream("cpu", "A")
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+    for name in ("B", "C"):
+        fake.set_stream("cpu", name)
+        run_segments(plan, out)
+    fake.set_stream("cpu", "A")
+    fake.log.clear()
+    plan.update(sources, [(0, 0, 6, 4), (1, 0, 4, 0)])
+    kinds = [e for e in fake.log if e[0] in ("record", "wait", "upload")]
+    # B's and C's queued launches are waited for, on A, before the table is rewritten.
+    (rec_b, wait_b, rec_c, wait_c, upload, _) = kinds
+    assert rec_b[:2] == ("record", "B") and wait_b == ("wait", "A", rec_b[2])
+    assert rec_c[:2] == ("record", "C") and wait_c == ("wait", "A", rec_c[2])
+    assert upload == ("upload", "cpu", "A")
+
+
+def test_placeholder_ids_on_another_device_are_refused_under_capture(fake, helpers):
+    from mm_schedule.kernels import embed_with_placeholders, merge_by_placeholder_ids
+
+    ids = torch.tensor([5, 9, 9, 5])
+    rows = helpers.random_rows(2, 64, torch.float32)
+    embeds = helpers.random_rows(4, 64, torch.float32)
+    before = embeds.clone()
+    weight = helpers.random_rows(16, 64, torch.float32)
+    host_ids = torch.tensor([9], device="meta")  # stands for ids left on the host
+    fake.capture = True
+    with pytest.raises(GraphCaptureError, match="placeholder_ids"):
+        merge_by_placeholder_ids(ids, host_ids, rows, embeds)
+    with pytest.raises(GraphCaptureError, match="placeholder_ids"):
+        embed_with_placeholders(ids, weight, rows, host_ids)
+    helpers.assert_bitwise_equal(embeds, before)
+    merge_by_placeholder_ids(ids, 9, rows, embeds)  # Python ids are capturable
+    expected = before.clone()
+    expected[ids == 9] = rows
+    helpers.assert_bitwise_equal(embeds, expected)
+
+
+class FakeEvent:
+    def __init__(self, log):
+        self.log, self.recorded = log, 0
+
+    def record(self):
+        self.recorded += 1
+        self.log.append(("record", id(self)))
+
+    def synchronize(self):
+        self.log.append(("synchronize", id(self)))
+
+
+@pytest.mark.parametrize("c_helper", [True, False])
+def test_staging_ring_reuses_its_buffers_and_waits_for_the_launch_that_read_a_slot(
+    helpers, monkeypatch, c_helper
+):
+    if not c_helper:
+        monkeypatch.setattr(table, "_stream_copy", None)  # packed in Python
+    elif table._stream_copy is None:
+        pytest.skip("the C helper is not built")
+    log, allocations = [], []
+
+    def empty(n):
+        allocations.append(n)
+        return torch.full((n,), -1, dtype=torch.int64)
+
+    ring = table.StagingRing(empty, empty, lambda: FakeEvent(log))
+    sources = [helpers.random_rows(4, 64, torch.float16) for _ in range(3)]
+    staged = []
+    for call in range(2 * ring.SLOTS + 1):
+        segments = [(i % 3, 0, 1 + (call + i) % 4, 4 * i) for i in range(2 + call % 3)]
+        device_table, aligned, slot = table.build_table(segments, sources, torch.device("cpu"), ring)
+        words = table.table_words(segments, [s.data_ptr() for s in sources])
+        # The device table holds the words (then stale words the header keeps unread).
+        assert device_table[: len(words)].tolist() == list(words)
+        assert aligned == all(s.data_ptr() % 16 == 0 for s in sources)
+        slot.launched()
+        staged.append((slot, device_table.data_ptr()))
+    # One host and one device buffer per slot (8 + 8, plus growth for a longer table), and
+    # every later call reuses its slot after waiting for that slot's last launch.
+    assert len(allocations) <= 4 * ring.SLOTS
+    for call in range(ring.SLOTS, len(staged)):
+        slot, _ = staged[call]
+        assert slot is staged[call - ring.SLOTS][0]
+    assert sum(e[0] == "synchronize" for e in log) == ring.SLOTS + 1
+    first = staged[0][0].event
+    assert log.index(("synchronize", id(first))) > log.index(("record", id(first)))
