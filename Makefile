@@ -7,12 +7,12 @@ STAMP  := $(VENV)/.installed-v2
 
 # torch is pinned to its CPU build: an unpinned torch would pull a multi-GB CUDA build.
 TORCH      := torch==2.13.0
-DEV_PINS   := triton==3.9.0 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
+DEV_PINS   := triton==3.9.0 numpy==2.4.6 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
-.PHONY: setup demo test lint bench bench-sglang clean
+.PHONY: setup demo demo-checks test lint bench bench-sglang clean
 
-$(STAMP): pyproject.toml Makefile mm_schedule/_placeholder_set.c kernels/_stream_copy.c
+$(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c kernels/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
@@ -24,6 +24,11 @@ setup: $(STAMP)
 
 demo: setup
 	$(BIN)/python examples/demo.py
+
+# The demo's checks alone (no timing), on another numeric path than the default one:
+# torch's scalar CPU kernels, MKL without AVX-512, one thread. Seconds; CI runs it.
+demo-checks: setup
+	ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python examples/demo.py --checks-only --threads 1
 
 test: setup
 	$(BIN)/python -m ruff check .

@@ -41,13 +41,15 @@ def schedule(requests: list[Request], step: int, chunk: int) -> list[tuple[Reque
     return [(r, r.prefilled, min(chunk, r.length - r.prefilled)) for r in requests if r.arrives <= step and r.prefilled < r.length]
 
 
-def batched_step(adapter: VisionAdapter, cache: EmbeddingCache, plan: list[tuple[Request, int, int]]):
-    """All requests' multimodal rows of one step through one ``merge_chunk`` call.
-    Returns the step's ``input_embeds`` split per request, the report and the host time."""
+def batched_step(adapter: VisionAdapter, cache: EmbeddingCache, plan: list[tuple[Request, int, int]], encoder=None):
+    """All requests' multimodal rows of one step through one ``merge_chunk`` call (the
+    encoder is ``adapter`` unless another is given). Returns the step's
+    ``input_embeds`` split per request, the report and the host time."""
     started = time.perf_counter()
     ids = torch.cat([r.inputs["input_ids"][0, p : p + e] for r, p, e in plan])
     embeds = adapter.embed_text(ids)
-    result = merge_chunk(embeds, [RequestChunk(r.items, p, e) for r, p, e in plan], adapter, cache=cache)
+    chunks = [RequestChunk(r.items, p, e) for r, p, e in plan]
+    result = merge_chunk(embeds, chunks, encoder or adapter, cache=cache)
     elapsed = time.perf_counter() - started
     return list(embeds.split([e for _, _, e in plan])), result.report, elapsed
 
@@ -62,6 +64,28 @@ def per_request_step(adapter: VisionAdapter, cache: EmbeddingCache, plan: list[t
         calls += merge_chunk(embeds, [RequestChunk(r.items, p, e)], adapter, cache=cache).report.encoder_calls
         pieces.append(embeds)
     return pieces, calls, time.perf_counter() - started
+
+
+class RecordingEncoder:
+    """An encoder that keeps a copy of every item's rows it returns, by item hash: what
+    the scheduler had to assemble, for checking that assembly copied them exactly."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def __call__(self, items: list) -> list[torch.Tensor]:
+        out = self.encoder(items)
+        for item, rows in zip(items, out):
+            self.rows[item.hash] = rows.clone()
+        return out
+
+    def request_rows(self, items: list) -> dict[str, torch.Tensor]:
+        """One request's recorded rows per modality, in prompt order."""
+        per_modality: dict[str, list[torch.Tensor]] = {}
+        for item in sorted(items, key=lambda it: it.offsets[0][0]):
+            per_modality.setdefault(str(item.modality), []).append(self.rows[item.hash])
+        return {modality: torch.cat(rows) for modality, rows in per_modality.items()}
 
 
 def decode_chunk(model: Any, request: Request, embeds: torch.Tensor, prefix: int, positions: torch.Tensor | None) -> None:

@@ -10,7 +10,7 @@ per image for Qwen, ``[N, 3, S, S]`` for the others).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,11 @@ PATCH = 4
 IMAGE_PX = 16  # LLaVA and Gemma 3 images: 16 x 16 px, 4 x 4 patches
 QWEN_MERGE, QWEN_TEMPORAL = 2, 2
 KINDS = ("qwen2_vl", "qwen2_5_vl", "llava_clip", "llava_siglip", "gemma3")
+# (modality, processor key of its pixels, of its grids, the model method that embeds them)
+VISION_INPUTS = (
+    ("IMAGE", "pixel_values", "image_grid_thw", "get_image_features"),
+    ("VIDEO", "pixel_values_videos", "video_grid_thw", "get_video_features"),
+)
 
 
 def _text(**extra: Any) -> dict:
@@ -78,6 +83,9 @@ def build_model(kind: str, *, seed: int = 0) -> Any:
             mm_tokens_per_image=4, image_token_index=IMAGE_ID, boi_token_index=BEGIN_ID, eoi_token_index=END_ID,
         )
         model = tf.Gemma3ForConditionalGeneration(config)
+        # Gemma 3 initialises its image projection to zeros, so every image would embed
+        # to zero rows and no test could tell one image's rows from another's.
+        torch.nn.init.normal_(model.model.multi_modal_projector.mm_input_projection_weight, std=0.1)
     else:
         raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
     return model.eval()
@@ -139,26 +147,42 @@ class TinyVLM:
             out["pixel_values"] = torch.stack([im.pixels for im in stills])
         return out
 
-    def reference_embeds(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The model's own merge: its text embeddings with its vision features scattered
-        into the placeholder rows (what its forward computes before the decoder)."""
+    @property
+    def vision(self) -> tuple[torch.nn.Module, ...]:
+        """The modules that turn pixels into rows: vision tower and projector."""
+        inner = self.model.model
+        return (inner.visual,) if self.qwen else (inner.vision_tower, inner.multi_modal_projector)
+
+    def own_rows(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The model's own vision rows for one request, per modality, in prompt order:
+        every image of the request in one call, as its forward encodes them."""
+        rows = {}
+        with torch.no_grad():
+            for modality, pixels_key, grid_key, method in VISION_INPUTS:
+                if pixels_key not in inputs:
+                    continue
+                encode = getattr(self.model, method)
+                feats = encode(inputs[pixels_key], inputs[grid_key]) if self.qwen else encode(inputs[pixels_key])
+                rows[modality] = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, HIDDEN)
+        return rows
+
+    def merge_rows(self, inputs: Mapping[str, torch.Tensor], rows: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The model's merge: its text embeddings with ``rows`` (per modality, in prompt
+        order) scattered into the placeholder rows, as its forward does before the decoder."""
         model = self.model
         ids = inputs["input_ids"]
         with torch.no_grad():
             text_ids = torch.where(ids >= model.get_input_embeddings().num_embeddings, 0, ids)
             embeds = model.get_input_embeddings()(text_ids)
-            for pixels_key, grid_key, token, method in (
-                ("pixel_values", "image_grid_thw", IMAGE_ID, "get_image_features"),
-                ("pixel_values_videos", "video_grid_thw", VIDEO_ID, "get_video_features"),
-            ):
-                if pixels_key not in inputs:
-                    continue
-                encode = getattr(model, method)
-                feats = encode(inputs[pixels_key], inputs[grid_key]) if self.qwen else encode(inputs[pixels_key])
-                feats = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, HIDDEN)
-                mask = (ids == token).unsqueeze(-1).expand_as(embeds)
-                embeds = embeds.masked_scatter(mask, feats.to(embeds.dtype))
+            for modality, token in (("IMAGE", IMAGE_ID), ("VIDEO", VIDEO_ID)):
+                if modality in rows:
+                    mask = (ids == token).unsqueeze(-1).expand_as(embeds)
+                    embeds = embeds.masked_scatter(mask, rows[modality].to(embeds.dtype))
         return embeds
+
+    def reference_embeds(self, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The model's own merge of its own per-request vision rows."""
+        return self.merge_rows(inputs, self.own_rows(inputs))
 
     def forward_kwargs(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
         """What the decoder needs besides ``inputs_embeds`` to match the model's own forward
@@ -169,3 +193,21 @@ class TinyVLM:
             inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), None
         )
         return {"position_ids": positions}
+
+
+def reorder_tolerance(modules: Iterable[torch.nn.Module], want: torch.Tensor) -> float:
+    """The largest difference between two computations of ``want`` by ``modules`` that
+    differ only in the order their sums are rounded: another batch composition (BLAS and
+    cuBLAS pick kernels by the number of rows), thread count or SIMD path.
+
+    A sum of n products is within (n - 1)·u·Σ|terms| of its exact value in any order
+    (u = eps/2), so two orders differ by at most n·eps·Σ|terms|. With Σ|terms| taken at
+    the output's scale (normalisation keeps activations there) and each of the L weight
+    layers adding such a difference, the bound is L·n·eps·max|want|, n the largest fan-in.
+    A real mistake (another image's rows, a shifted row) moves values by the order of
+    max|want| itself, far above it.
+    """
+    layers = [m.weight for module in modules for m in module.modules()
+              if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
+    fan_in = max(weight[0].numel() for weight in layers)
+    return len(layers) * fan_in * torch.finfo(want.dtype).eps * want.detach().abs().max().item()

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+# Statements in the order of what they may load, run one after another in one fresh
+# interpreter: each may add only its own heavy modules to what the earlier ones loaded.
+STATEMENTS = [
+    ("import mm_schedule.integrations", set()),
+    ("from mm_schedule import content_hash", set()),
+    ("import mm_schedule; mm_schedule.kernels; mm_schedule.codemods", set()),
+    ("from mm_schedule.codemods.move_map import load_map; load_map()", set()),
+    ("import mm_schedule.integrations.transformers", {"torch"}),
+]
+HEAVY = ("torch", "transformers", "triton")
 
-def _loaded_after(statement: str) -> set[str]:
-    code = f"import sys; {statement}; print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(out.stdout.split())
 
-
-def test_package_imports_nothing_heavy():
-    assert _loaded_after("import mm_schedule.integrations") == set()
-    assert _loaded_after("from mm_schedule import content_hash") == set()
-
-
-def test_transformers_adapter_needs_torch_but_not_transformers():
-    assert _loaded_after("import mm_schedule.integrations.transformers") == {"torch"}
+def test_each_import_loads_only_what_it_needs():
+    code = "\n".join([
+        "import json, sys",
+        "loaded = []",
+        *(f"{statement}\nloaded.append([m for m in {HEAVY!r} if m in sys.modules])" for statement, _ in STATEMENTS),
+        "print(json.dumps(loaded))",
+    ])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert {s: set(got) for (s, _), got in zip(STATEMENTS, loaded)} == dict(STATEMENTS)

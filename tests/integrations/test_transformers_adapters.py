@@ -13,7 +13,8 @@ import torch
 pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from tiny_vlms import KINDS, TinyVLM
+from serving import RecordingEncoder
+from tiny_vlms import KINDS, TinyVLM, reorder_tolerance
 
 from mm_schedule import EmbeddingCache, RequestChunk, merge_chunk
 from mm_schedule.errors import InvalidItemError, UnsupportedModelError
@@ -25,16 +26,17 @@ def vlm(request):
     return TinyVLM(request.param)
 
 
-def _prefill(adapter, cache, requests, steps):
+def _prefill(adapter, cache, requests, steps, encoder=None):
     """Run ``steps`` (each a list of (request index, prefix, extend)) through
-    ``merge_chunk``; returns every request's assembled embeddings and the step reports."""
+    ``merge_chunk`` (encoder: ``adapter`` unless given); returns every request's assembled
+    embeddings, the step reports and the items."""
     ids = [r["input_ids"][0] for r in requests]
     items = [adapter.items(r) for r in requests]
     done = [[] for _ in requests]
     reports = []
     for step in steps:
         embeds = adapter.embed_text(torch.cat([ids[i][p : p + e] for i, p, e in step]))
-        result = merge_chunk(embeds, [RequestChunk(items[i], p, e) for i, p, e in step], adapter, cache=cache)
+        result = merge_chunk(embeds, [RequestChunk(items[i], p, e) for i, p, e in step], encoder or adapter, cache=cache)
         reports.append(result.report)
         for (i, _, _), piece in zip(step, embeds.split([e for _, _, e in step])):
             done[i].append(piece)
@@ -73,6 +75,25 @@ def test_chunked_prefill_matches_the_models_own_merge_and_forward(vlm):
     assert torch.equal(ours, own)
 
 
+def test_rows_batched_across_requests_are_copies_of_the_encode_and_agree_to_rounding(vlm):
+    """Three requests' images in one encoder call: each request's rows are exactly the rows
+    that call returned (assembly copies), and equal the model's own forward, which encodes
+    each request's image alone, to the rounding of another batch composition."""
+    gen = torch.Generator().manual_seed(14)
+    prompts = [vlm.prompt([2 + i, vlm.image(gen, grid), 3], gen) for i, grid in enumerate(((1, 4, 4), (1, 2, 6), (1, 4, 8)))]
+    adapter = VisionAdapter(vlm.model, model_id="m")
+    recorder = RecordingEncoder(adapter)
+    step = [(i, 0, p["input_ids"].shape[1]) for i, p in enumerate(prompts)]
+    got, (report,), items = _prefill(adapter, EmbeddingCache(1 << 20), prompts, [step], recorder)
+    assert (report.encoder_calls, report.items_encoded) == (1, 3)
+    for rows, inputs, request_items in zip(got, prompts, items):
+        assert torch.equal(rows, vlm.merge_rows(inputs, recorder.request_rows(request_items))[0])
+        own = vlm.reference_embeds(inputs)[0]
+        torch.testing.assert_close(rows, own, rtol=0, atol=reorder_tolerance(vlm.vision, own))
+        # Rows of another image would be far outside that tolerance.
+        assert reorder_tolerance(vlm.vision, own) < 1e-3 * own.abs().max()
+
+
 def test_items_carry_spans_grids_and_host_pixels(vlm):
     gen = torch.Generator().manual_seed(5)
     images = [vlm.image(gen, (1, 4, 4)), vlm.image(gen, (1, 2, 6)), vlm.image(gen, (1, 4, 4))]
@@ -100,6 +121,8 @@ def test_qwen_videos_and_images_in_one_request(kind):
     assert [it.modality for it in items] == ["VIDEO", "IMAGE"]
     n = inputs["input_ids"].shape[1]
     (got,), reports, _ = _prefill(adapter, EmbeddingCache(1 << 20), [inputs], [[(0, 0, 5)], [(0, 5, n - 5)]])
+    # One call per modality, each with the request's only item of it, as the model's forward
+    # encodes them: the same batches, so exact.
     assert [(r.encoder_calls, r.items_encoded) for r in reports] == [(1, 1), (1, 1)]
     assert torch.equal(got, vlm.reference_embeds(inputs)[0])
 
@@ -112,7 +135,11 @@ def test_bf16_model_rows_and_logits_exact():
     inputs["pixel_values"] = inputs["pixel_values"].to(torch.bfloat16)
     adapter = VisionAdapter(vlm.model, model_id="m")
     n = inputs["input_ids"].shape[1]
-    (got,), _, _ = _prefill(adapter, EmbeddingCache(1 << 20), [inputs], [[(0, 0, 7)], [(0, 7, n - 7)]])
+    # Step 1 ends inside the second image, so it encodes both images in one call, as the
+    # model's forward does: the same batch, the same rounding, so rows and logits are exact.
+    cut = adapter.items(inputs)[1].offsets[0][0] + 1
+    (got,), reports, _ = _prefill(adapter, EmbeddingCache(1 << 20), [inputs], [[(0, 0, cut)], [(0, cut, n - cut)]])
+    assert [(r.encoder_calls, r.items_encoded, r.cache_hits) for r in reports] == [(1, 2, 0), (0, 0, 1)]
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, vlm.reference_embeds(inputs)[0])
     with torch.no_grad():

@@ -1,0 +1,18 @@
+"""The two optional C helpers of the host path; everything else is in pyproject.toml.
+
+They are declared here because setuptools still calls pyproject.toml's ``ext-modules``
+table experimental and warns about it on every install.
+"""
+
+from setuptools import Extension, setup
+
+# Optional: without a C compiler the install still succeeds and torch code does their work.
+EXTENSIONS = [
+    # placeholder-token membership for the SGLang-compatible mask, in one pass
+    Extension("mm_schedule._placeholder_set", ["mm_schedule/_placeholder_set.c"], optional=True),
+    # a step's row copies in one call (streaming stores for large destinations)
+    Extension("mm_schedule.kernels._stream_copy", ["kernels/_stream_copy.c"], optional=True),
+]
+
+if __name__ == "__main__":
+    setup(ext_modules=EXTENSIONS)
