@@ -43,6 +43,9 @@ from .encode import Encoder, as_encoder, move_features_to
 from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
 from .keys import combine_hashes, item_key
+from .placeholders import checked_mask, count_mm_tokens_in_extend
+from .plan import plan_columns
+from .scheduler import run_packed, update_cache
 from .validate import Expected, check_tensor
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
@@ -205,16 +208,17 @@ class _Resolved:
     hit: bool
 
 
-def _resolve(video: _PrunedVideo, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected) -> _Resolved:
-    """Rows and frame counts of the video: from the cache when a valid entry is there,
-    else from the encoder (validated; the caller caches it once the whole step is valid)."""
-    cached = cache.get_single(video.key) if cache is not None else None
+def _resolve(video: _PrunedVideo, encoder: Encoder, lookup: Callable | None, expected: Expected) -> _Resolved:
+    """Rows and frame counts of the video: from the cache (``lookup``, read-only) when a
+    valid entry is there, else from the encoder (validated; the caller caches it once the
+    whole step is valid). An unfit entry is named in ``expected.evict``."""
+    cached = lookup(video.key) if lookup is not None else None
     if cached is not None:
         try:
             counts = video.frame_tokens(cached)
             return _Resolved(video.rows_of(cached, counts, expected), counts, True)
         except (EmbeddingLengthMismatch, EncoderOutputError):
-            cache.free(video.key)  # another video under a colliding key, or a stale entry: encode again
+            expected.evict.append(video.key)  # another video under a colliding key, or a stale entry: encode again
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
@@ -255,10 +259,6 @@ def get_embedding_and_mask(
     placeholder count included (it can only be checked after the rewrite)."""
     import torch
 
-    from .planner import plan_columns
-    from .scheduler import run_packed
-    from .sglang_compat import checked_mask, count_mm_tokens_in_extend
-
     n_requests = min(len(items_size) - 1, len(prefixes))
     pruned = set(pruned_video_requests(items, items_size, n_requests))
     device = input_ids.device
@@ -285,27 +285,27 @@ def get_embedding_and_mask(
     # of the key so that colliding hashes of different videos are never merged.
     by_key: dict[tuple[int, int], _Resolved] = {}
     hit_items = []
-    for i in sorted(pruned):
-        video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
-        if not video.needs_encoder():
-            continue
-        found = by_key.get((video.key, video.placeholders))
-        if found is None:
-            found = by_key[video.key, video.placeholders] = _resolve(video, encoder, cache, expected)
-        chunks[i] = video.chunk(found.rows, found.counts)
-        if found.hit:
-            hit_items.append(video.item)
-    ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
-    pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
-    rows = mask = None
-    if pieces:
-        rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
-
-    if cache is not None:
-        for (key, _), found in by_key.items():
-            if not found.hit:
-                cache.set(key, _cache_value(found))
+    lookup = None if cache is None else cache.get_single
+    try:
+        for i in sorted(pruned):
+            video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
+            if not video.needs_encoder():
+                continue
+            found = by_key.get((video.key, video.placeholders))
+            if found is None:
+                found = by_key[video.key, video.placeholders] = _resolve(video, encoder, lookup, expected)
+            chunks[i] = video.chunk(found.rows, found.counts)
+            if found.hit:
+                hit_items.append(video.item)
+        ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
+        pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+        rows = mask = None
+        if pieces:
+            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
+    finally:
+        update_cache(cache, evict=expected.evict)
+    update_cache(cache, insert=[(key, _cache_value(found)) for (key, _), found in by_key.items() if not found.hit])
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
     return rows, mask, ids
