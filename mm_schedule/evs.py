@@ -58,6 +58,25 @@ class EVSEmbeddingResult(EmbeddingResult):
     num_tokens_per_frame: Sequence[int]
 
 
+def _frame_counts(counts: Any, request: int, item_hash: Any) -> list[int]:
+    """``num_tokens_per_frame`` as ints: a sequence (or 1-D integer tensor) of integers;
+    a string (``"51"`` would read as ``[5, 1]``), floats or bools are refused."""
+    if hasattr(counts, "tolist"):  # a tensor or array: its elements, checked below like any list's
+        counts = counts.tolist()
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)) \
+            or not all(type(n) is int or (hasattr(n, "__index__") and not isinstance(n, bool)) for n in counts):
+        raise EncoderOutputError(
+            f"request {request}, item hash {item_hash}: num_tokens_per_frame must be a sequence of integers,"
+            f" got {type(counts).__name__} {counts!r}"[:300]
+        )
+    return [n.__index__() for n in counts]
+
+
+# Frame counts a request's earlier chunks were placed with, kept on the item (which lives
+# as long as its request): a re-encode after an eviction must prune the same way.
+_PLACED_WITH = "_mm_schedule_evs_frame_tokens"
+
+
 def is_pruned_video(item: Any) -> bool:
     data = getattr(item, "model_specific_data", None)
     return bool(data) and PRE_CHUNKED_KEY in data
@@ -141,8 +160,13 @@ class _PrunedVideo:
     def frame_tokens(self, value: Any) -> list[int] | None:
         counts = getattr(value, "num_tokens_per_frame", None)
         if counts is None:
+            if isinstance(value, EVSEmbeddingResult):
+                raise EncoderOutputError(
+                    f"request {self.index}, item hash {self.hash}: an EVS result with num_tokens_per_frame=None;"
+                    " return a plain tensor when nothing was pruned"
+                )
             return None
-        counts = [int(n) for n in counts]
+        counts = _frame_counts(counts, self.index, self.hash)
         if any(n < 0 for n in counts):
             raise EncoderOutputError(f"request {self.index}, item hash {self.hash}: negative frame token count in {counts}")
         if len(self.spans) > 1 and len(counts) != len(self.spans):
@@ -179,6 +203,35 @@ class _PrunedVideo:
                 what="video embedding rows" if counts is None else "pruned video rows (sum of num_tokens_per_frame)",
             )
         return rows
+
+    def check_placement(self, counts: list[int] | None) -> None:
+        """Earlier chunks of this request placed rows by the frame counts they saw; a
+        re-encode (after the entry was evicted) that prunes otherwise would put this
+        chunk's rows at other positions than the prompt already holds."""
+        placed = getattr(self.item, _PLACED_WITH, None)
+        now = None if counts is None else tuple(counts)
+        if placed is not None and placed != now and self.prefix > 0:
+            raise EncoderOutputError(
+                f"request {self.index}, item hash {self.hash}: the encoder pruned the video into frame counts"
+                f" {list(now) if now is not None else None}, but earlier chunks of this request were placed with"
+                f" {list(placed)}; an EVS encoder must prune one video the same way every time"
+            )
+        try:
+            setattr(self.item, _PLACED_WITH, now)
+        except AttributeError:  # an item that takes no attribute: nothing to compare with later
+            pass
+
+    def check_ids(self, ids: Any) -> None:
+        """The engine's tokens of this request's window must be the processor's prompt
+        there (``pre_chunked_input_ids``), which the rewrite starts from."""
+        window = self.prompt()[self.prefix : self.prefix + self.extend]
+        got = ids.tolist()
+        if got != window:
+            at = next((k for k, (a, b) in enumerate(zip(got, window)) if a != b), min(len(got), len(window)))
+            raise self._fail(
+                f"input_ids differ from {PRE_CHUNKED_KEY} at position {self.prefix + at} of the window"
+                f" [{self.prefix}, {self.prefix + self.extend}) ({len(got)} tokens given, {len(window)} expected)"
+            )
 
     def chunk(self, rows: Any, counts: list[int] | None) -> _Chunk:
         window_end = self.prefix + self.extend
@@ -286,6 +339,7 @@ def get_embedding_and_mask(
     by_key: dict[tuple[int, int], _Resolved] = {}
     hit_items = []
     lookup = None if cache is None else cache.get_single
+    videos: dict[int, _PrunedVideo] = {}
     try:
         for i in sorted(pruned):
             video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
@@ -295,9 +349,11 @@ def get_embedding_and_mask(
             if found is None:
                 found = by_key[video.key, video.placeholders] = _resolve(video, encoder, lookup, expected)
             chunks[i] = video.chunk(found.rows, found.counts)
+            videos[i] = video
+            video.check_placement(found.counts)
             if found.hit:
                 hit_items.append(video.item)
-        ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
+        ids = _rewrite_windows(input_ids, chunks, extends, n_requests, videos)
         pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
         rows = mask = None
         if pieces:
@@ -311,7 +367,8 @@ def get_embedding_and_mask(
     return rows, mask, ids
 
 
-def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int) -> Any:
+def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int,
+                     videos: dict[int, _PrunedVideo]) -> Any:
     rewritten = {i: c.window for i, c in chunks.items() if c.window is not None}
     if not rewritten:
         return input_ids
@@ -327,6 +384,10 @@ def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: S
             f"request {first}: EVS rewrites each request's tokens in input_ids, so input_ids must hold exactly"
             f" the listed requests' extend tokens ({total}); got {input_ids.numel()}"
         )
+    if input_ids.device.type == "cpu":  # read where it lives; on a device this would wait for it
+        flat = input_ids.reshape(-1)
+        for i in rewritten:
+            videos[i].check_ids(flat[starts[i] : starts[i] + max(extend_length[i], 0)])
     ids = input_ids.clone()
     for i, window in rewritten.items():
         ids[starts[i] : starts[i] + len(window)] = torch.tensor(window, dtype=ids.dtype, device=ids.device)
