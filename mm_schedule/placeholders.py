@@ -90,10 +90,16 @@ def _membership(ids: Any, pads: Any) -> Any:
     if ids.device.type == "cpu":
         mask = _table_lookup(ids, pads)
     else:
-        pads = pads.sort().values
-        slot = torch.searchsorted(pads, ids).clamp_(max=n - 1)
-        mask = pads[slot] == ids
+        mask = sorted_membership(ids, pads)
     return mask.unsqueeze(-1)
+
+
+def sorted_membership(ids: Any, pads: Any) -> Any:
+    """Which ``ids`` are among ``pads``: a token is one when the sorted ids hold it, i.e. its
+    left and right insertion points differ. Two searches and one compare: no gather, no
+    clamp, nothing read back to the host (the path for tensors on a device)."""
+    pads = pads.sort().values
+    return torch.searchsorted(pads, ids, right=True) > torch.searchsorted(pads, ids)
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
