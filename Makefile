@@ -10,7 +10,7 @@ TORCH      := torch==2.13.0
 DEV_PINS   := triton==3.9.0 numpy==2.4.6 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
-.PHONY: setup demo demo-checks test lint bench bench-sglang clean
+.PHONY: setup demo demo-checks test lint bench bench-sglang clean bench-sglang-host
 
 $(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c kernels/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench: setup
 # SGLang's own get_embedding_and_mask (official wheels) against ours, side by side.
 bench-sglang: setup
 	$(BIN)/python benchmarks/bench_vs_sglang.py
+
+# The same side by side with every tensor on the meta device: host overhead alone.
+bench-sglang-host: setup
+	$(BIN)/python benchmarks/bench_vs_sglang.py --host-overhead
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -83,6 +83,8 @@ def current_choice() -> Choice:
 def uses_triton(device) -> bool:
     """True when a launch for ``device`` should run the Triton kernel (no checks; see
     ``select_backend`` for the checked form the public API uses)."""
+    if device.type == "meta":  # a dry run: no data, nothing for a kernel to read
+        return False
     requested, interpreted, has_triton = _choice or refresh_backend()
     if requested == "torch":
         return False

@@ -66,30 +66,18 @@ def one_dtype(tensors: Sequence[Any], target: Any) -> list[Any]:
     return [t if t is None or t.dtype == target else t.to(target) for t in tensors]
 
 
-def copy_rows(plan: StepPlan, tensors: Sequence[Any], table: SegmentTable, dst: Any, cache: Any) -> Any:
-    """Run the table into ``dst``. If that fails, the step's cached entries are evicted
-    before the error propagates: a bad entry is never served again."""
-    try:
-        return copy_segments(tensors, table, dst)
-    except Exception:
-        if cache is not None:
-            cache.discard_many(plan.hit_keys)
-        raise
+def copy_rows(tensors: Sequence[Any], table: SegmentTable, dst: Any) -> Any:
+    """Run the table into ``dst`` (a failure propagates; the step then evicts its hits)."""
+    return copy_segments(tensors, table, dst)
 
 
-def concat_rows(plan: StepPlan, tensors: Sequence[Any], cache: Any, out: Any = None) -> Any:
+def concat_rows(plan: StepPlan, tensors: Sequence[Any], out: Any = None) -> Any:
     """The packed rows of a table that is every source whole and in order (see
-    ``packed_table``): their concatenation, written into ``out``. Failures evict like
-    ``copy_rows``; ``out`` None: a new tensor. A large CPU ``out`` is written with
-    streaming stores (``append_whole_sources``)."""
-    try:
-        if out is None:
-            return torch.cat(tensors)
-        rows = plan.rows if type(plan.rows) is list else list(plan.rows)
-        sources = tensors if type(tensors) is list else list(tensors)
-        return out if append_whole_sources(sources, rows, out) else torch.cat(sources, out=out)
-    except Exception:
-        if cache is not None:
-            cache.discard_many(plan.hit_keys)
-        raise
+    ``packed_table``): their concatenation, written into ``out``; ``out`` None: a new
+    tensor. A large CPU ``out`` is written with streaming stores (``append_whole_sources``)."""
+    if out is None or out.is_meta:
+        return torch.cat(tensors) if out is None else torch.cat(list(tensors), out=out)
+    rows = plan.rows if type(plan.rows) is list else list(plan.rows)
+    sources = tensors if type(tensors) is list else list(tensors)
+    return out if append_whole_sources(sources, rows, out) else torch.cat(sources, out=out)
 

@@ -17,11 +17,23 @@ encoder output) is cloned first, so caching one image never pins a whole batch.
 Inserting under a key that is present replaces the value and refreshes its recency
 (SGLang keeps the old value; replacing is what re-encoding a discarded entry wants).
 An entry larger than the whole budget is rejected without evicting anything.
+
+What a modality's entries look like is the cache's to know, not the step's to guess: the
+hidden size and dtype of each modality are declared by the caller (``hidden_sizes=``,
+``dtypes=``) or learned from the entries held, and ``insert_many`` refuses, under its
+lock, a batch whose tensors disagree (``CacheLayoutError``, nothing inserted or evicted).
+So a faulty encoder output cannot poison the cache, whichever item happens to come first.
+
+An encoder that writes every call into one reused buffer would overwrite the entry
+cached by reference from its previous call. ``insert_many`` notices a tensor whose
+storage an entry already holds, copies it, evicts the overwritten entry, says so once in
+the log, and from then on copies every tensor of that storage.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,14 +42,16 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
-from .errors import CacheStateError
+from .errors import CacheConfigError, CacheLayoutError, CacheStateError
 from .keys import combine_hashes
 
 log = logging.getLogger(__name__)
 
 # An entry: (2-D tensor, rows, charged bytes, the value as given to the SGLang-style ``set``,
-# layout). A layout is (hidden size, dtype, device): what assembly needs to agree on.
-_TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT = 0, 1, 2, 3, 4
+# layout, modality). A layout is (hidden size, dtype, device): what assembly needs to agree
+# on; the modality (or None, for entries set without one) keys the per-modality layouts.
+_TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY = 0, 1, 2, 3, 4, 5
+_REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered (most recent)
 _tensor_of, _row_count = itemgetter(_TENSOR), itemgetter(_ROWS)
 
 
@@ -73,8 +87,52 @@ def owns_storage(tensor: Any) -> bool:
     return tensor.is_contiguous() and tensor.untyped_storage().nbytes() == tensor.numel() * tensor.element_size()
 
 
-def _entry(tensor: Any, value: Any) -> tuple:
-    """The entry for ``tensor``: detached, 2-D, owning exactly its storage."""
+def storage_id(tensor: Any) -> tuple | None:
+    """Where ``tensor``'s memory lives, or None for tensors without data (``meta``)."""
+    if tensor.is_meta:
+        return None
+    return tensor.device, tensor.untyped_storage().data_ptr()
+
+
+def _byte_budget(max_bytes: Any) -> int:
+    if isinstance(max_bytes, bool):  # an int to Python, never a byte count
+        raise CacheConfigError(f"max_bytes must be a non-negative integer number of bytes, got {max_bytes!r}")
+    try:
+        value = operator.index(max_bytes)
+    except TypeError:
+        raise CacheConfigError(
+            f"max_bytes must be a non-negative integer number of bytes, got {type(max_bytes).__name__} {max_bytes!r}"
+        ) from None
+    if value < 0:
+        raise CacheConfigError(f"max_bytes must be >= 0, got {value}")
+    return value
+
+
+def _declared(what: str, value: Any, check) -> dict:
+    """``hidden_sizes`` / ``dtypes`` as ``{modality name or None (every modality): value}``."""
+    if value is None:
+        return {}
+    from .items import modality_name
+
+    pairs = value.items() if hasattr(value, "items") else [(None, value)]
+    out = {}
+    for modality, v in pairs:
+        if not check(v):
+            raise CacheConfigError(f"{what}: {v!r} for modality {modality or 'every modality'} is not valid")
+        out[None if modality is None else modality_name(modality)] = v
+    return out
+
+
+def _is_size(v: Any) -> bool:
+    return type(v) is int and v > 0
+
+
+def _is_dtype(v: Any) -> bool:
+    return type(v).__name__ == "dtype" and getattr(v, "is_floating_point", False)
+
+
+def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = False) -> tuple:
+    """The entry for ``tensor``: detached, 2-D, owning exactly its storage (a copy when ``copy``)."""
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.is_neg():  # cached rows are copied as bytes, which a negated view's are not
@@ -83,19 +141,34 @@ def _entry(tensor: Any, value: Any) -> tuple:
         tensor = tensor.reshape(-1, tensor.shape[-1])
     rows, hidden = tensor.shape
     size = tensor.untyped_storage().nbytes()
-    if size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
+    if copy or size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
         tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
         size = tensor.untyped_storage().nbytes()
-    return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device)
+    return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality
+
+
+def _count(counter: Counter, value: Any, sign: int) -> None:
+    counter[value] += sign
+    if not counter[value]:
+        del counter[value]
 
 
 class EmbeddingCache:
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
+    """``max_bytes``: the budget (an int >= 0). ``hidden_sizes`` / ``dtypes``: what the
+    entries of each modality must look like, one value for every modality or a mapping
+    from modality (``"IMAGE"``, ``Modality.IMAGE``) to value; what is not declared is
+    learned from the entries held (and forgotten once none of that modality is left)."""
+
+    def __init__(self, max_bytes: int, *, hidden_sizes: Any = None, dtypes: Any = None) -> None:
+        self.max_bytes = _byte_budget(max_bytes)
+        self._hidden_sizes = _declared("hidden_sizes", hidden_sizes, _is_size)
+        self._dtypes = _declared("dtypes", dtypes, _is_dtype)
         self._entries: OrderedDict[int, tuple] = OrderedDict()
         self._layouts: Counter[tuple] = Counter()
+        self._modal: dict[str, Counter] = {}  # modality -> Counter of (hidden, dtype) of its entries
+        self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
+        self._reused: OrderedDict[tuple, None] = OrderedDict()
+        self._warned_reuse = False
         self._pins: Counter[int] = Counter()
         self._bytes = 0
         self._lock = threading.RLock()
@@ -147,20 +220,37 @@ class EmbeddingCache:
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None
 
-    def insert_many(self, entries: Iterable[tuple[int, Any]], *, protect: Iterable[int] = ()) -> int:
+    def layout_of(self, modality: str) -> tuple[int | None, Any]:
+        """``(hidden, dtype)`` the entries of ``modality`` must have, each None where
+        neither declared nor learned from an entry held."""
+        with self._lock:
+            return self._layout_of(modality)
+
+    def insert_many(self, entries: Iterable[tuple[int, Any]], *, protect: Iterable[int] = (),
+                    modalities: Sequence[str | None] | None = None) -> int:
         """Insert ``(key, tensor)`` pairs under one lock; returns how many were cached.
         ``protect``: keys that must not be evicted to make room (the inserting step's
-        own hits). The caller has validated the tensors (floating, right rows)."""
-        prepared = [(key, _entry(tensor, None)) for key, tensor in entries]
-        added = dict(prepared)
+        own hits). ``modalities``: each tensor's modality; a tensor disagreeing with its
+        modality's layout (see ``layout_of``, or an earlier tensor of the batch) raises
+        ``CacheLayoutError`` before anything is inserted or evicted. The caller has
+        validated the tensors (floating, right rows)."""
+        pairs = list(entries)
+        mods = [None] * len(pairs) if modalities is None else list(modalities)
+        prepared = [(key, _entry(tensor, None, modality)) for (key, tensor), modality in zip(pairs, mods)]
         with self._lock:
+            if modalities is not None:
+                self._check_layouts(prepared)
+            if self._by_storage or self._reused:
+                prepared = self._unshare(prepared)
+            added = dict(prepared)
             total = sum(entry[_BYTES] for entry in added.values())
             if len(added) == len(prepared) and self._bytes + total <= self.max_bytes \
                     and self._entries.keys().isdisjoint(added):
                 # New keys that fit without evicting (a step's encoder outputs, usually):
                 # all added at once, in order, exactly as one at a time would add them.
                 self._entries.update(added)
-                self._layouts.update(entry[_LAYOUT] for entry in added.values())
+                for key, entry in prepared:
+                    self._account(key, entry, 1)
                 self._bytes += total
                 self._insertions += len(added)
                 return len(added)
@@ -169,6 +259,65 @@ class EmbeddingCache:
             for key, entry in prepared:
                 inserted += self._insert(key, entry, keep)
         return inserted
+
+    def _layout_of(self, modality: str | None) -> tuple[int | None, Any]:
+        hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))
+        dtype = self._dtypes.get(modality, self._dtypes.get(None))
+        held = self._modal.get(modality)
+        if held and (hidden is None or dtype is None):
+            learned_hidden, learned_dtype = next(iter(held))  # insert_many keeps them alike
+            hidden = learned_hidden if hidden is None else hidden
+            dtype = learned_dtype if dtype is None else dtype
+        return hidden, dtype
+
+    def _check_layouts(self, prepared: list[tuple[int, tuple]]) -> None:
+        batch: dict[str, tuple[int, Any]] = {}
+        for key, entry in prepared:
+            modality = entry[_MODALITY]
+            if modality is None:
+                continue
+            hidden, dtype = entry[_LAYOUT][:2]
+            want_hidden, want_dtype = batch.get(modality) or self._layout_of(modality)
+            if (want_hidden is not None and hidden != want_hidden) or (want_dtype is not None and dtype != want_dtype):
+                declared = modality in self._hidden_sizes or None in self._hidden_sizes
+                source = "as declared" if declared else "learned from the entries it holds"
+                raise CacheLayoutError(
+                    f"key {key}: a {modality} embedding of hidden size {hidden} and dtype {dtype}, but the cache holds"
+                    f" {modality} embeddings of hidden size {want_hidden} and dtype {want_dtype} ({source});"
+                    " nothing of this step was cached",
+                    key=key, modality=modality, got=(hidden, dtype), expected=(want_hidden, want_dtype),
+                )
+            batch.setdefault(modality, (hidden, dtype))
+
+    def _unshare(self, prepared: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+        """Entries whose tensor would be cached by reference in a storage another entry
+        already holds (an encoder reusing its output buffer) copied; the entry holding
+        it was overwritten by the encoder's later call and is evicted."""
+        out = []
+        for key, entry in prepared:
+            storage = storage_id(entry[_TENSOR])
+            holder = self._by_storage.get(storage) if storage is not None else None
+            if storage is not None and (storage in self._reused or (holder is not None and holder != key)):
+                if holder is not None and holder != key:
+                    self._note_reuse(storage, holder, key)
+                entry = (entry[_TENSOR].clone(), *entry[1:])
+            out.append((key, entry))
+        return out
+
+    def _note_reuse(self, storage: tuple, holder: int, key: int) -> None:
+        self._reused[storage] = None
+        if len(self._reused) > _REUSED_STORAGES_KEPT:
+            self._reused.popitem(last=False)
+        if self._pop(holder):
+            self._discarded += 1
+        if not self._warned_reuse:
+            self._warned_reuse = True
+            log.warning(
+                "An encoder output for key %d shares its storage with the cached entry for key %d (the encoder"
+                " reuses one output buffer, which overwrote that entry): the entry was evicted, and outputs in"
+                " that buffer are copied before caching from now on; Encoder(fn, copy_outputs=True) copies"
+                " every output up front", key, holder,
+            )
 
     def discard(self, key: int) -> bool:
         """Drop an entry found to be wrong (e.g. one that failed assembly)."""
@@ -207,6 +356,9 @@ class EmbeddingCache:
             )
         entry = _entry(tensor, None if hasattr(value, "shape") else value)
         with self._lock:
+            storage = storage_id(entry[_TENSOR])
+            if storage is not None and self._by_storage.get(storage, key) != key:
+                entry = (entry[_TENSOR].clone(), *entry[1:])  # another entry's storage: never share it
             return self._insert(key, entry, ())
 
     def contains(self, key: int) -> bool:
@@ -244,6 +396,8 @@ class EmbeddingCache:
         with self._lock:
             self._entries.clear()
             self._layouts.clear()
+            self._modal.clear()
+            self._by_storage.clear()
             self._bytes = 0
 
     def __len__(self) -> int:
@@ -300,9 +454,9 @@ class EmbeddingCache:
             return False
         if old is not None:
             self._bytes -= reclaim
-            self._forget_layout(old)
+            self._account(key, old, -1)
         self._entries[key] = entry
-        self._layouts[entry[_LAYOUT]] += 1
+        self._account(key, entry, 1)
         self._entries.move_to_end(key)
         self._bytes += size
         self._insertions += 1
@@ -313,14 +467,25 @@ class EmbeddingCache:
         if entry is None:
             return False
         self._bytes -= entry[_BYTES]
-        self._forget_layout(entry)
+        self._account(key, entry, -1)
         return True
 
-    def _forget_layout(self, entry: tuple) -> None:
+    def _account(self, key: int, entry: tuple, sign: int) -> None:
+        """Add (``sign`` 1) or remove (-1) ``entry`` in the layout counts and storage map."""
         layout = entry[_LAYOUT]
-        self._layouts[layout] -= 1
-        if not self._layouts[layout]:
-            del self._layouts[layout]
+        _count(self._layouts, layout, sign)
+        modality = entry[_MODALITY]
+        if modality is not None:
+            held = self._modal.setdefault(modality, Counter())
+            _count(held, layout[:2], sign)
+            if not held:
+                del self._modal[modality]
+        storage = storage_id(entry[_TENSOR])
+        if storage is not None:
+            if sign > 0:
+                self._by_storage[storage] = key
+            elif self._by_storage.get(storage) == key:
+                del self._by_storage[storage]
 
     def _make_room(self, needed: int, key: int, keep) -> bool:
         """Evict unpinned LRU entries until ``needed`` more bytes fit. Decides first, so a

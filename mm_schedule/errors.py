@@ -67,6 +67,26 @@ class PrecomputedEmbeddingError(MMScheduleError, NotImplementedError):
     ``NotImplementedError`` here too, so callers that catch it keep working)."""
 
 
+class CacheConfigError(MMScheduleError, ValueError, TypeError):
+    """An ``EmbeddingCache`` was configured with a value it cannot use: a budget that is
+    not a non-negative integer number of bytes, a declared hidden size or dtype of the
+    wrong type. Catchable as ``ValueError`` or ``TypeError``."""
+
+
+class CacheLayoutError(EncoderOutputError):
+    """An encoder output disagrees with the hidden size or dtype the cache holds (or was
+    declared to hold) for its modality. Raised before anything of the step is cached;
+    nothing is evicted. ``key``, ``modality``, ``got`` and ``expected`` say which."""
+
+    def __init__(self, message: str, *, key: int | None = None, modality: str | None = None,
+                 got: tuple | None = None, expected: tuple | None = None) -> None:
+        self.key = key
+        self.modality = modality
+        self.got = got
+        self.expected = expected
+        super().__init__(message)
+
+
 class CacheStateError(MMScheduleError, RuntimeError):
     """The embedding cache was given something it cannot hold (a value that is not a
     tensor), or used in a state that should not happen."""

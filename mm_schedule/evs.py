@@ -43,6 +43,9 @@ from .encode import Encoder, as_encoder, move_features_to
 from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
 from .keys import combine_hashes, item_key
+from .placeholders import checked_mask, count_mm_tokens_in_extend
+from .plan import plan_columns
+from .scheduler import run_packed, update_cache
 from .validate import Expected, check_tensor
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
@@ -53,6 +56,25 @@ class EVSEmbeddingResult(EmbeddingResult):
     """A pruned video embedding and the tokens each frame kept (they sum to its rows)."""
 
     num_tokens_per_frame: Sequence[int]
+
+
+def _frame_counts(counts: Any, request: int, item_hash: Any) -> list[int]:
+    """``num_tokens_per_frame`` as ints: a sequence (or 1-D integer tensor) of integers;
+    a string (``"51"`` would read as ``[5, 1]``), floats or bools are refused."""
+    if hasattr(counts, "tolist"):  # a tensor or array: its elements, checked below like any list's
+        counts = counts.tolist()
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, (list, tuple)) \
+            or not all(type(n) is int or (hasattr(n, "__index__") and not isinstance(n, bool)) for n in counts):
+        raise EncoderOutputError(
+            f"request {request}, item hash {item_hash}: num_tokens_per_frame must be a sequence of integers,"
+            f" got {type(counts).__name__} {counts!r}"[:300]
+        )
+    return [n.__index__() for n in counts]
+
+
+# Frame counts a request's earlier chunks were placed with, kept on the item (which lives
+# as long as its request): a re-encode after an eviction must prune the same way.
+_PLACED_WITH = "_mm_schedule_evs_frame_tokens"
 
 
 def is_pruned_video(item: Any) -> bool:
@@ -138,8 +160,13 @@ class _PrunedVideo:
     def frame_tokens(self, value: Any) -> list[int] | None:
         counts = getattr(value, "num_tokens_per_frame", None)
         if counts is None:
+            if isinstance(value, EVSEmbeddingResult):
+                raise EncoderOutputError(
+                    f"request {self.index}, item hash {self.hash}: an EVS result with num_tokens_per_frame=None;"
+                    " return a plain tensor when nothing was pruned"
+                )
             return None
-        counts = [int(n) for n in counts]
+        counts = _frame_counts(counts, self.index, self.hash)
         if any(n < 0 for n in counts):
             raise EncoderOutputError(f"request {self.index}, item hash {self.hash}: negative frame token count in {counts}")
         if len(self.spans) > 1 and len(counts) != len(self.spans):
@@ -177,6 +204,35 @@ class _PrunedVideo:
             )
         return rows
 
+    def check_placement(self, counts: list[int] | None) -> None:
+        """Earlier chunks of this request placed rows by the frame counts they saw; a
+        re-encode (after the entry was evicted) that prunes otherwise would put this
+        chunk's rows at other positions than the prompt already holds."""
+        placed = getattr(self.item, _PLACED_WITH, None)
+        now = None if counts is None else tuple(counts)
+        if placed is not None and placed != now and self.prefix > 0:
+            raise EncoderOutputError(
+                f"request {self.index}, item hash {self.hash}: the encoder pruned the video into frame counts"
+                f" {list(now) if now is not None else None}, but earlier chunks of this request were placed with"
+                f" {list(placed)}; an EVS encoder must prune one video the same way every time"
+            )
+        try:
+            setattr(self.item, _PLACED_WITH, now)
+        except AttributeError:  # an item that takes no attribute: nothing to compare with later
+            pass
+
+    def check_ids(self, ids: Any) -> None:
+        """The engine's tokens of this request's window must be the processor's prompt
+        there (``pre_chunked_input_ids``), which the rewrite starts from."""
+        window = self.prompt()[self.prefix : self.prefix + self.extend]
+        got = ids.tolist()
+        if got != window:
+            at = next((k for k, (a, b) in enumerate(zip(got, window)) if a != b), min(len(got), len(window)))
+            raise self._fail(
+                f"input_ids differ from {PRE_CHUNKED_KEY} at position {self.prefix + at} of the window"
+                f" [{self.prefix}, {self.prefix + self.extend}) ({len(got)} tokens given, {len(window)} expected)"
+            )
+
     def chunk(self, rows: Any, counts: list[int] | None) -> _Chunk:
         window_end = self.prefix + self.extend
         if counts is None:  # nothing pruned: the original spans hold
@@ -205,16 +261,17 @@ class _Resolved:
     hit: bool
 
 
-def _resolve(video: _PrunedVideo, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected) -> _Resolved:
-    """Rows and frame counts of the video: from the cache when a valid entry is there,
-    else from the encoder (validated; the caller caches it once the whole step is valid)."""
-    cached = cache.get_single(video.key) if cache is not None else None
+def _resolve(video: _PrunedVideo, encoder: Encoder, lookup: Callable | None, expected: Expected) -> _Resolved:
+    """Rows and frame counts of the video: from the cache (``lookup``, read-only) when a
+    valid entry is there, else from the encoder (validated; the caller caches it once the
+    whole step is valid). An unfit entry is named in ``expected.evict``."""
+    cached = lookup(video.key) if lookup is not None else None
     if cached is not None:
         try:
             counts = video.frame_tokens(cached)
             return _Resolved(video.rows_of(cached, counts, expected), counts, True)
         except (EmbeddingLengthMismatch, EncoderOutputError):
-            cache.free(video.key)  # another video under a colliding key, or a stale entry: encode again
+            expected.evict.append(video.key)  # another video under a colliding key, or a stale entry: encode again
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
@@ -255,10 +312,6 @@ def get_embedding_and_mask(
     placeholder count included (it can only be checked after the rewrite)."""
     import torch
 
-    from .planner import plan_columns
-    from .scheduler import run_packed
-    from .sglang_compat import checked_mask, count_mm_tokens_in_extend
-
     n_requests = min(len(items_size) - 1, len(prefixes))
     pruned = set(pruned_video_requests(items, items_size, n_requests))
     device = input_ids.device
@@ -285,33 +338,37 @@ def get_embedding_and_mask(
     # of the key so that colliding hashes of different videos are never merged.
     by_key: dict[tuple[int, int], _Resolved] = {}
     hit_items = []
-    for i in sorted(pruned):
-        video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
-        if not video.needs_encoder():
-            continue
-        found = by_key.get((video.key, video.placeholders))
-        if found is None:
-            found = by_key[video.key, video.placeholders] = _resolve(video, encoder, cache, expected)
-        chunks[i] = video.chunk(found.rows, found.counts)
-        if found.hit:
-            hit_items.append(video.item)
-    ids = _rewrite_windows(input_ids, chunks, extends, n_requests)
-    pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
-    rows = mask = None
-    if pieces:
-        rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-        mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
-
-    if cache is not None:
-        for (key, _), found in by_key.items():
-            if not found.hit:
-                cache.set(key, _cache_value(found))
+    lookup = None if cache is None else cache.get_single
+    videos: dict[int, _PrunedVideo] = {}
+    try:
+        for i in sorted(pruned):
+            video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
+            if not video.needs_encoder():
+                continue
+            found = by_key.get((video.key, video.placeholders))
+            if found is None:
+                found = by_key[video.key, video.placeholders] = _resolve(video, encoder, lookup, expected)
+            chunks[i] = video.chunk(found.rows, found.counts)
+            videos[i] = video
+            video.check_placement(found.counts)
+            if found.hit:
+                hit_items.append(video.item)
+        ids = _rewrite_windows(input_ids, chunks, extends, n_requests, videos)
+        pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+        rows = mask = None
+        if pieces:
+            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
+    finally:
+        update_cache(cache, evict=expected.evict)
+    update_cache(cache, insert=[(key, _cache_value(found)) for (key, _), found in by_key.items() if not found.hit])
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
     return rows, mask, ids
 
 
-def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int) -> Any:
+def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int,
+                     videos: dict[int, _PrunedVideo]) -> Any:
     rewritten = {i: c.window for i, c in chunks.items() if c.window is not None}
     if not rewritten:
         return input_ids
@@ -327,6 +384,10 @@ def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: S
             f"request {first}: EVS rewrites each request's tokens in input_ids, so input_ids must hold exactly"
             f" the listed requests' extend tokens ({total}); got {input_ids.numel()}"
         )
+    if input_ids.device.type == "cpu":  # read where it lives; on a device this would wait for it
+        flat = input_ids.reshape(-1)
+        for i in rewritten:
+            videos[i].check_ids(flat[starts[i] : starts[i] + max(extend_length[i], 0)])
     ids = input_ids.clone()
     for i, window in rewritten.items():
         ids[starts[i] : starts[i] + len(window)] = torch.tensor(window, dtype=ids.dtype, device=ids.device)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .errors import InvalidItemError
+from .errors import EmbeddingLengthMismatch, InvalidItemError
 
 try:
     from . import _placeholder_set
@@ -90,10 +90,16 @@ def _membership(ids: Any, pads: Any) -> Any:
     if ids.device.type == "cpu":
         mask = _table_lookup(ids, pads)
     else:
-        pads = pads.sort().values
-        slot = torch.searchsorted(pads, ids).clamp_(max=n - 1)
-        mask = pads[slot] == ids
+        mask = sorted_membership(ids, pads)
     return mask.unsqueeze(-1)
+
+
+def sorted_membership(ids: Any, pads: Any) -> Any:
+    """Which ``ids`` are among ``pads``: a token is one when the sorted ids hold it, i.e. its
+    left and right insertion points differ. Two searches and one compare: no gather, no
+    clamp, nothing read back to the host (the path for tensors on a device)."""
+    pads = pads.sort().values
+    return torch.searchsorted(pads, ids, right=True) > torch.searchsorted(pads, ids)
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
@@ -118,3 +124,81 @@ def _table_lookup(ids: Any, pads: Any) -> Any:
     for row in table[1:]:
         mask |= row.index_select(0, slot) == ids
     return mask
+
+
+# -- the placeholder count a step's rows must match ---------------------------------------
+
+
+def tokens_before(spans: Any, position: int) -> int:
+    """Placeholder tokens of ``spans`` (inclusive ``(start, end)`` pairs) at positions < ``position``."""
+    return sum(max(0, min(end + 1, position) - start) for start, end in spans)
+
+
+def count_mm_tokens_in_extend(prefix_length: Any, extend_length: Any, items_offset_list: Any) -> int:
+    """Placeholder tokens inside every request's chunk window, from host offsets only."""
+    total = 0
+    for prefix, extend, spans in zip(prefix_length, extend_length, items_offset_list):
+        total += tokens_before(spans, prefix + extend) - tokens_before(spans, prefix)
+    return total
+
+
+def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any = None) -> Any:
+    """The placeholder mask over ``input_ids``, which must mark exactly ``rows`` tokens (the
+    count the items' offsets give, known on the host): a prompt whose placeholder tokens
+    and item offsets disagree would otherwise pair rows with the wrong tokens downstream.
+
+    Checked on the host only where ``input_ids`` live there (a typed error naming the
+    request and item hash when ``plan``, the step's plan, is given); on a device an
+    asynchronous device assert compares the counts, so the step never waits for the GPU;
+    on ``meta`` (a dry run, no data) nothing can be compared."""
+    if input_ids.device.type != "cpu":
+        ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
+        mask = _device_mask(ids, placeholder_tensor)
+        if ids.device.type != "meta":
+            torch._assert_async(
+                mask.sum() == rows,
+                f"mm_schedule: input_ids hold another number of placeholder tokens than the {rows} embedding rows"
+                " of these items (their offsets and input_ids describe different prompts)",
+            )
+        return mask
+    mask, placeholders = marked_placeholders(input_ids, placeholder_tensor)
+    if placeholders != rows:
+        request, item_hash, hint = _culprit(mask, plan) if plan is not None else (None, None, "")
+        raise EmbeddingLengthMismatch(
+            expected=placeholders, received=rows, request=request, item_hash=item_hash,
+            what="embedding rows for the placeholder tokens of these items in input_ids",
+            hint=hint or "the items' offsets and input_ids describe different prompts",
+        )
+    return mask
+
+
+def _device_mask(ids: Any, placeholder_ids: Any) -> Any:
+    pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
+    _integer(ids, "input_ids")
+    _integer(pads, "placeholder ids")
+    pads = pads.reshape(-1).to(ids.device, non_blocking=True)
+    common = torch.promote_types(ids.dtype, pads.dtype)
+    return _membership(ids.to(common), pads.to(common))
+
+
+def _culprit(mask: Any, plan: Any) -> tuple[Any, Any, str]:
+    """``(request, item hash, hint)`` of the first placeholder the mask and the plan's
+    segments disagree on (``input_ids`` being the step's extend tokens, in request order)."""
+    marked = mask.reshape(-1)
+    if marked.numel() != plan.n_tokens:
+        return None, None, (f"input_ids hold {marked.numel()} tokens, the requests' extend lengths add up to"
+                            f" {plan.n_tokens}")
+    want = torch.zeros(plan.n_tokens, dtype=torch.bool)
+    for row, n in zip(plan.seg_token_row, plan.seg_rows):
+        want[row : row + n] = True
+    differ = (want != marked).nonzero()
+    if not differ.numel():
+        return None, None, ""
+    token = int(differ[0])
+    # The segment holding that token, else the first one after it, else the last.
+    segment = next((k for k, (row, n) in enumerate(zip(plan.seg_token_row, plan.seg_rows)) if token < row + n),
+                   len(plan.seg_rows) - 1)
+    source = plan.seg_source[segment]
+    kind = "is not a placeholder in input_ids" if want[token] else "is a placeholder no item's offsets cover"
+    return (plan.seg_request[segment], getattr(plan.first_items[source], "hash", None),
+            f"token {token} of input_ids {kind}")

@@ -1,46 +1,5 @@
-"""``plan_step``: the one entry to planning; picks the flat planner when it applies."""
+"""Where ``plan_step`` and ``plan_columns`` were first importable from; they live in ``mm_schedule.plan``."""
 
-from __future__ import annotations
+from .plan import as_requests, plan_columns, plan_step
 
-from collections.abc import Iterable
-from typing import Any
-
-from .errors import InvalidItemError
-from .plan import RequestChunk, StepPlan
-from .plan_flat import plan_flat
-from .plan_general import plan_general
-
-
-def plan_step(requests: Iterable[RequestChunk], cache: Any = None, *,
-              max_tokens_per_encoder_call: int | None = None) -> StepPlan:
-    """Build the plan for one step over all modalities present in ``requests``.
-
-    Cache lookups happen here, all under one lock; a cached entry whose row count is not
-    the item's placeholder count is discarded (and logged) and planned as a miss.
-    """
-    requests = as_requests(requests)
-    return plan_columns(
-        [r.items for r in requests], [r.prefix for r in requests], [r.extend for r in requests],
-        [r.offsets for r in requests], [r.row_offset for r in requests], cache, max_tokens_per_encoder_call,
-    )
-
-
-def as_requests(requests: Iterable[RequestChunk]) -> list[RequestChunk] | tuple[RequestChunk, ...]:
-    """``requests`` as a sequence (any iterable is read once), each a ``RequestChunk``."""
-    if not isinstance(requests, (list, tuple)):
-        if isinstance(requests, RequestChunk) or not isinstance(requests, Iterable):
-            raise InvalidItemError(f"requests must be an iterable of RequestChunk, got {type(requests).__name__}")
-        requests = list(requests)
-    for index, req in enumerate(requests):
-        if not isinstance(req, RequestChunk):
-            raise InvalidItemError(f"request {index}: expected a RequestChunk, got {type(req).__name__}")
-    return requests
-
-
-def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget) -> StepPlan:
-    """``plan_step`` over requests given as parallel lists (what the SGLang-compatible
-    API has already, so it builds no per-request object)."""
-    plan = plan_flat(items, prefixes, extends, offsets, row_offsets, cache, budget)
-    if plan is None:
-        plan = plan_general(items, prefixes, extends, offsets, row_offsets, cache, budget)
-    return plan
+__all__ = ["as_requests", "plan_columns", "plan_step"]

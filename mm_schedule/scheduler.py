@@ -4,13 +4,18 @@ A step runs these phases, each a function of its own, in this order:
 
 1. ``plan_step``: which rows each request needs, every cache lookup (one lock);
 2. ``agree_across_ranks`` (with a process group only): every rank's plan made the
-   same, and phases 3-6 run through ``mm_schedule.ranks``;
+   same, and phases 3-5 run through ``mm_schedule.ranks``;
 3. ``check_sources``: the step's hits and precomputed embeddings fit it;
 4. ``encode_misses``: one encoder call per encoder batch;
-5. ``check_outputs``: every encoder output validated (nothing cached yet);
+5. ``check_outputs``: every encoder output validated against the step and against what
+   the cache holds for its modality (nothing cached yet);
 6. ``insert_encoded``: validated outputs cached, under one lock;
 7. assembly: the segment table copied by the trusted kernel path, then the cache
    hits acknowledged (once per successful step).
+
+This module is the only one that changes the cache. The planner gets a read-only
+lookup; validation names unfit entries in ``Expected.evict`` and a failed assembly
+leaves the step's hits suspect: the step evicts them (``_Evictions``), whatever raised.
 
 Two assembly modes:
 
@@ -32,13 +37,12 @@ from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_tab
 from .cache import EmbeddingCache
 from .context import StepContext
 from .encode import Encoders, encode_misses
-from .errors import InvalidItemError, KernelInputError
+from .errors import CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
 from .kernels.segments import first_overlap
-from .plan import HIT, PRECOMPUTED, RequestChunk, StepPlan
-from .planner import as_requests, plan_step
+from .plan import HIT, MISS, PRECOMPUTED, RequestChunk, StepPlan, as_requests, plan_step
 from .spare import packed_buffer
-from .validate import Expected, check_hits, check_outputs, check_precomputed
+from .validate import Expected, check_outputs, check_sources
 
 DEFAULT_CONTEXT = StepContext()
 
@@ -82,37 +86,66 @@ class StepResult:
         )
 
 
-def check_sources(plan: StepPlan, expected: Expected, cache: EmbeddingCache | None) -> Sequence[Any]:
-    """The step's source tensors with its hits and precomputed embeddings checked
-    (misses are still None)."""
-    tensors = check_hits(plan, expected, cache)
-    if PRECOMPUTED in plan.kinds:
-        tensors = list(tensors)
-        check_precomputed(plan, tensors, expected)
-    return tensors
-
-
 def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequence[Any],
                    encoded: Sequence[int]) -> None:
-    """Cache the validated encoder outputs, keeping this step's own hits from eviction."""
+    """Cache the validated encoder outputs, keeping this step's own hits from eviction.
+    The cache checks them against its layout per modality under its lock, so two steps
+    racing to fill an empty cache cannot leave it holding both of two hidden sizes."""
     if cache is None or not encoded:
         return
-    keys = plan.keys
+    keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if HIT in plan.kinds else ()
-    cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect)
+    try:
+        cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect,
+                          modalities=[modalities[s] for s in encoded])
+    except CacheLayoutError as exc:
+        source = next((s for s in encoded if keys[s] == exc.key), None)
+        if source is None:
+            raise
+        item = plan.first_items[source]
+        raise CacheLayoutError(
+            f"request {plan.requests[source]}, item hash {getattr(item, 'hash', None)}: {exc}",
+            key=exc.key, modality=exc.modality, got=exc.got, expected=exc.expected,
+        ) from None
 
 
-def agree_across_ranks(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected,
-                       context: StepContext) -> tuple[StepPlan, Any]:
+def update_cache(cache: EmbeddingCache | None, *, evict: Sequence[int] = (),
+                 insert: Sequence[tuple[int, Any]] = ()) -> None:
+    """Cache changes decided outside a planned step (EVS videos, resolved one by one):
+    entries found unfit evicted, validated values (tensors or ``EmbeddingResult``s) set."""
+    if cache is None:
+        return
+    if evict:
+        cache.discard_many(evict)
+    for key, value in insert:
+        cache.set(key, value)
+
+
+def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected) -> None:
+    """What the cache holds (or was declared to hold) for each modality the step encodes,
+    into ``expected``, with the step's hits no such layout vouches for."""
+    if cache is None or MISS not in plan.kinds:
+        return
+    known = {}
+    for modality in set(plan.modalities):
+        layout = cache.layout_of(modality)
+        if layout != (None, None):
+            known[modality] = layout
+    unvouched = [key for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities)
+                 if kind is HIT and modality not in known] if HIT in plan.kinds else []
+    expected.learn_cache_layouts(known, unvouched)
+
+
+def agree_across_ranks(plan: StepPlan, expected: Expected, context: StepContext) -> tuple[StepPlan, Any]:
     """Phase 2: with a process group in ``context``, the plan every rank of it agrees on
-    and the rank step that runs phases 3-6 for it (``mm_schedule.ranks``); otherwise
+    and the rank step that runs phases 3-5 for it (``mm_schedule.ranks``); otherwise
     ``(plan, None)``."""
     if context.group is None:
         return plan, None
-    from .ranks.step import rank_step
+    from .ranks.step import rank_step  # loads torch.distributed: only for steps with a group
 
     ranks = rank_step(context)
-    return (plan, None) if ranks is None else (ranks.agree(plan, cache, expected), ranks)
+    return (plan, None) if ranks is None else (ranks.agree(plan, expected), ranks)
 
 
 def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, expected: Expected, *,
@@ -120,15 +153,42 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
     cached, indexed by source."""
     if ranks is not None:
-        return ranks.prepare_rows(plan, encoders, cache, expected, move_features=move_features)
-    tensors = check_sources(plan, expected, cache)
+        learn_cache_layouts(plan, cache, expected)
+        tensors, encoded = ranks.prepare_rows(plan, encoders, expected, move_features=move_features)
+        insert_encoded(cache, plan, tensors, encoded)
+        return tensors
+    tensors = check_sources(plan, expected)
     if not plan.encoder_batches:
         return tensors
     tensors = list(tensors)
+    learn_cache_layouts(plan, cache, expected)
     outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
     encoded = check_outputs(plan, outputs, tensors, expected)
     insert_encoded(cache, plan, tensors, encoded)
     return tensors
+
+
+class _Evictions:
+    """Around a step's phases 2-7: evicts what validation named unfit, and the step's
+    hits when assembly failed (a bad entry is never served again)."""
+
+    __slots__ = ("assembling", "cache", "expected", "plan")
+
+    def __init__(self, cache: EmbeddingCache | None, expected: Expected) -> None:
+        self.cache, self.expected, self.plan, self.assembling = cache, expected, None, False
+
+    def __enter__(self) -> _Evictions:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        cache = self.cache
+        if cache is None:
+            return
+        evict = self.expected.evict
+        if kind is not None and self.assembling and self.plan is not None and HIT in self.plan.kinds:
+            evict = evict + self.plan.hit_keys
+        if evict:
+            cache.discard_many(evict)
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
@@ -143,31 +203,33 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
     if out is not None:
         device = out.device if device is None else device
         hidden = out.shape[-1] if out.dim() == 2 else None
-    expected = Expected(hidden, None if device is None else _concrete(device))
-    plan, ranks = agree_across_ranks(plan, cache, expected, context)
-    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
-    embedding = None
-    if plan.n_rows:
-        target = out.dtype if out is not None else dtype
-        dtypes = expected.dtypes
-        if target is None:
-            target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
-        table = packed_table(plan)
-        if out is None and table.whole_sources_rows is not None and dtypes == {target}:
-            # Every source whole, in order, one dtype: the result is their concatenation,
-            # one torch call on any device (into reused memory for a large CPU result).
-            embedding = concat_rows(plan, tensors, cache,
-                                    packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
-        else:
-            if out is None:
-                out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
-                if out is None:
-                    out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+    expected = Expected(hidden, None if device is None else _concrete(device), "out")
+    with _Evictions(cache, expected) as step:
+        plan, ranks = agree_across_ranks(plan, expected, context)
+        tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
+        step.plan, step.assembling = plan, True
+        embedding = None
+        if plan.n_rows:
+            target = out.dtype if out is not None else dtype
+            dtypes = expected.dtypes
+            if target is None:
+                target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
+            table = packed_table(plan)
+            if out is None and table.whole_sources_rows is not None and dtypes == {target}:
+                # Every source whole, in order, one dtype: the result is their concatenation,
+                # one torch call on any device (into reused memory for a large CPU result).
+                embedding = concat_rows(plan, tensors,
+                                        packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
             else:
-                _check_out(out, plan.n_rows, expected)
-            if len(dtypes) > 1:
-                tensors = one_dtype(tensors, target)
-            embedding = copy_rows(plan, tensors, table, out, cache)
+                if out is None:
+                    out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
+                    if out is None:
+                        out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+                else:
+                    _check_out(out, plan.n_rows, expected)
+                if len(dtypes) > 1:
+                    tensors = one_dtype(tensors, target)
+                embedding = copy_rows(tensors, table, out)
     acknowledge_hits(plan, context)
     return StepResult(plan, embedding)
 
@@ -290,13 +352,15 @@ def run_fused(plan: StepPlan, input_embeds: Any, encoders: Encoders, cache: Embe
     against ``input_embeds`` by ``check_fused_rows``)."""
     flat = embeddings_2d(input_embeds)
     expected = Expected(flat.shape[1], flat.device)
-    plan, ranks = agree_across_ranks(plan, cache, expected, context)
-    tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
-    written = None
-    if plan.n_rows:
-        if len(expected.dtypes) > 1:
-            tensors = one_dtype(tensors, flat.dtype)
-        copy_rows(plan, tensors, fused_table(plan), flat, cache)
-        written = input_embeds
+    with _Evictions(cache, expected) as step:
+        plan, ranks = agree_across_ranks(plan, expected, context)
+        tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
+        step.plan, step.assembling = plan, True
+        written = None
+        if plan.n_rows:
+            if len(expected.dtypes) > 1:
+                tensors = one_dtype(tensors, flat.dtype)
+            copy_rows(tensors, fused_table(plan), flat)
+            written = input_embeds
     acknowledge_hits(plan, context)
     return StepResult(plan, written)

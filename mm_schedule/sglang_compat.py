@@ -20,17 +20,21 @@ once with ``set_step_context`` instead of the scheduler reading a process-wide r
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
-from .errors import EmbeddingLengthMismatch
-from .placeholders import marked_placeholders
-from .planner import plan_columns
+from .placeholders import checked_mask, count_mm_tokens_in_extend, tokens_before
+from .plan import plan_columns
 from .scheduler import run_packed
+
+__all__ = [
+    "DataEmbeddingFunc", "PerImageRequestInfo", "checked_mask", "count_mm_tokens_in_extend", "embedding_cache",
+    "get_embedding_and_mask", "get_embedding_chunk", "init_mm_embedding_cache", "set_step_context",
+]
 
 DataEmbeddingFunc = Callable[[list[Any]], Any]
 """Encoder: items -> one combined ``[tokens, H]`` tensor (any rank >= 2), or one tensor per item."""
@@ -60,11 +64,6 @@ class PerImageRequestInfo:
     overlapping: list[tuple[int, Any, int, int]] = field(default_factory=list)
 
 
-def _tokens_before(spans: Sequence[tuple[int, int]], position: int) -> int:
-    """Placeholder tokens at positions < ``position``."""
-    return sum(max(0, min(end + 1, position) - start) for start, end in spans)
-
-
 def get_embedding_chunk(
     embedding: Any, extend_prefix_len: int, extend_seq_len: int, items_offset: list[tuple[int, int]]
 ) -> tuple[Any, int, int]:
@@ -72,20 +71,10 @@ def get_embedding_chunk(
     ``[extend_prefix_len, extend_prefix_len + extend_seq_len)``; returns
     ``(rows, start_index, end_index)``."""
     flat = embedding.reshape(-1, embedding.shape[-1])
-    start_index = _tokens_before(items_offset, extend_prefix_len)
-    end_index = _tokens_before(items_offset, extend_prefix_len + max(extend_seq_len, 0))
+    start_index = tokens_before(items_offset, extend_prefix_len)
+    end_index = tokens_before(items_offset, extend_prefix_len + max(extend_seq_len, 0))
     end_index = max(end_index, start_index)
     return flat[start_index:end_index], start_index, end_index
-
-
-def count_mm_tokens_in_extend(
-    prefix_length: Sequence[int], extend_length: Sequence[int], items_offset_list: Sequence[Sequence]
-) -> int:
-    """Placeholder tokens inside every request's chunk window, from host offsets only."""
-    total = 0
-    for prefix, extend, spans in zip(prefix_length, extend_length, items_offset_list):
-        total += _tokens_before(spans, prefix + extend) - _tokens_before(spans, prefix)
-    return total
 
 
 def get_embedding_and_mask(
@@ -128,22 +117,9 @@ def get_embedding_and_mask(
     if not plan.n_rows:
         return None, None, input_ids
     # Checked before anything is encoded or cached.
-    mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows)
+    mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows, plan)
     result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
-
-
-def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int) -> Any:
-    """The placeholder mask over ``input_ids``, which must mark exactly ``rows`` tokens: a
-    prompt whose placeholder tokens and item offsets disagree would otherwise pair rows
-    with the wrong tokens downstream (or, on a GPU, end in a device-side assert)."""
-    mask, placeholders = marked_placeholders(input_ids, placeholder_tensor)
-    if placeholders != rows:
-        raise EmbeddingLengthMismatch(
-            expected=placeholders, received=rows, what="embedding rows for the placeholder tokens"
-            " of these items in input_ids", hint="the items' offsets and input_ids describe different prompts",
-        )
-    return mask
 
 
 def _as_list(values: Any) -> list | tuple:

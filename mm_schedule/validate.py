@@ -4,10 +4,12 @@ What a step needs from every source: a floating tensor of rank >= 2 whose rows (
 dims but the last) are the item's placeholder count, whose last dim is the step's
 hidden size, on the step's device, not a meta tensor. The hidden size comes from
 ``input_embeds`` in fused mode and otherwise from the step's other sources (hits,
-precomputed embeddings, the encoder outputs' most common size); the device from ``input_embeds``,
+precomputed embeddings, what the cache holds or was declared to hold for the
+modality, the encoder outputs' most common size); the device from ``input_embeds``,
 the caller's ``device``, or else the first source. Encoder outputs that fail raise a
 typed error naming the request and the item hash; a step that raises has inserted
-nothing. Cached entries that fail are evicted before the error is raised.
+nothing. Nothing here calls the cache: a cached entry found unfit is named in
+``Expected.evict`` and the step evicts it.
 """
 
 from __future__ import annotations
@@ -18,25 +20,51 @@ from typing import Any
 
 import torch
 
-from .cache import owns_storage
+from .cache import owns_storage, storage_id
 from .encode import Encoder
-from .errors import CachedEmbeddingError, EmbeddingLengthMismatch, EncoderOutputError
+from .errors import (
+    CachedEmbeddingError,
+    CacheLayoutError,
+    EmbeddingLengthMismatch,
+    EncoderOutputError,
+)
 from .plan import HIT, PRECOMPUTED, StepPlan
+
+_FROM_HITS = "this step's cached entries"
 
 
 class Expected:
-    """The hidden size, device and source dtypes of a step, learned as sources are checked."""
+    """The hidden size, device and source dtypes of a step, learned as sources are checked.
 
-    __slots__ = ("device", "dtypes", "hidden", "hits_set_hidden")
+    ``known``: ``modality -> (hidden, dtype)`` the cache holds (or was declared to hold),
+    each None where unknown; ``hidden_from`` says what fixed ``hidden`` (for messages);
+    ``evict``: keys of cached entries found unfit, for the step to evict."""
 
-    def __init__(self, hidden: int | None, device: Any) -> None:
+    __slots__ = ("device", "dtypes", "evict", "hidden", "hidden_from", "known", "unvouched")
+
+    def __init__(self, hidden: int | None, device: Any, hidden_from: str = "input_embeds") -> None:
         self.hidden = hidden
+        self.hidden_from = hidden_from if hidden is not None else ""
         self.device = device
         self.dtypes: set = set()
-        # When cached entries fixed the hidden size, an encoder output that disagrees may
-        # be right and the entries stale (a model change): this evicts them before the
-        # error is raised, so a stale cache cannot fail every later step.
-        self.hits_set_hidden: Any = None
+        self.known: dict[str, tuple] = {}
+        self.evict: list[int] = []
+        self.unvouched: list[int] = []
+
+    def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int]) -> None:
+        """What the cache holds per modality; fixes the step's hidden size when nothing
+        else has and the modalities agree on one. ``unvouched``: the step's hits of
+        modalities the cache knows no layout for (entries ``set`` without one): when
+        they fixed the hidden size and an output disagrees, either side may be wrong,
+        so they are evicted with the error rather than fail every later step."""
+        self.known = known
+        self.unvouched = unvouched
+        if self.hidden is None:
+            sizes = {hidden for hidden, _ in known.values() if hidden is not None}
+            if len(sizes) == 1:
+                self.hidden = sizes.pop()
+                self.hidden_from = "what the cache holds for " + "/".join(
+                    m for m, (h, _) in known.items() if h == self.hidden)
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -57,7 +85,7 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
         raise EncoderOutputError(f"{where}: {what} is a {type(t).__name__}; expected a tensor")
     if not t.is_floating_point():
         raise EncoderOutputError(f"{where}: {what} has dtype {t.dtype}; embeddings must be floating point")
-    if t.is_meta:
+    if t.is_meta and not _is_meta(expected.device):
         raise EncoderOutputError(f"{where}: {what} is a meta tensor (it has no data)")
     if t.dim() < 2:
         raise EncoderOutputError(f"{where}: {what} must have rank >= 2 ([rows, hidden]), got shape {tuple(t.shape)}")
@@ -70,11 +98,13 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     hidden = t.shape[-1]
     if expected.hidden is None:
         expected.hidden = hidden
+        expected.hidden_from = f"{where}, the step's first source of a known size"
     elif hidden != expected.hidden:
-        note = ""
-        if expected.hits_set_hidden is not None:
-            expected.hits_set_hidden()
-            note = " (the hidden size of this step's cached entries, which were evicted)"
+        note = f" ({expected.hidden_from})" if expected.hidden_from else ""
+        if expected.hidden_from == _FROM_HITS and expected.unvouched:
+            expected.evict.extend(expected.unvouched)
+            note = " (the hidden size of this step's cached entries, which no declared or learned layout vouches for;" \
+                " they were evicted)"
         raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
     expected.dtypes.add(t.dtype)
     if t.requires_grad:
@@ -82,15 +112,24 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
     return t if t.dim() == 2 else t.reshape(-1, hidden)
 
 
-def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
+def check_sources(plan: StepPlan, expected: Expected) -> Sequence[Any]:
+    """The step's source tensors with its hits and precomputed embeddings checked
+    (misses are still None)."""
+    tensors = check_hits(plan, expected)
+    if PRECOMPUTED in plan.kinds:
+        tensors = list(tensors)
+        check_precomputed(plan, tensors, expected)
+    return tensors
+
+
+def check_hits(plan: StepPlan, expected: Expected) -> Sequence[Any]:
     """The step's source tensors with hits checked (and moved to the step's device when
     the cache keeps them elsewhere); ``plan.tensors`` itself when nothing had to change.
-    A hit that cannot serve the step is evicted and raises ``CachedEmbeddingError``."""
+    A hit that cannot serve the step is named in ``expected.evict`` and raises
+    ``CachedEmbeddingError``."""
     tensors = plan.tensors
     if HIT not in plan.kinds:
         return tensors
-    if expected.hidden is None and cache is not None:
-        expected.hits_set_hidden = lambda: cache.discard_many(plan.hit_keys)
     layout = plan.cache_layout
     if layout is not None:
         hidden, dtype, device = layout
@@ -103,9 +142,8 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
             continue
         t = tensors[i]
         hidden, dtype, device = t.shape[1], t.dtype, t.device
-        if not _fits(hidden, dtype, expected) or device.type == "meta":
-            if cache is not None:
-                cache.discard(plan.keys[i])
+        if not _fits(hidden, dtype, expected) or (device.type == "meta") != _is_meta(expected.device):
+            expected.evict.append(plan.keys[i])
             want = f"hidden size {expected.hidden}" if expected.hidden is not None else "a floating dtype"
             raise CachedEmbeddingError(
                 f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype}"
@@ -117,6 +155,10 @@ def check_hits(plan: StepPlan, expected: Expected, cache: Any) -> Sequence[Any]:
     return tensors
 
 
+def _is_meta(device: Any) -> bool:
+    return device is not None and device.type == "meta"
+
+
 def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
     return dtype.is_floating_point and (expected.hidden is None or hidden == expected.hidden)
 
@@ -124,6 +166,7 @@ def _fits(hidden: int, dtype: Any, expected: Expected) -> bool:
 def _learn(expected: Expected, hidden: int, dtype: Any, device: Any) -> None:
     if expected.hidden is None:
         expected.hidden = hidden
+        expected.hidden_from = _FROM_HITS
     if expected.device is None:
         expected.device = device
     expected.dtypes.add(dtype)
@@ -161,6 +204,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
     """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
     Returns the sources that were encoded. Raises before the caller inserts anything."""
     encoded = []
+    hit_storages = _hit_storages(plan)
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
         item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]
@@ -185,11 +229,46 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         for s, piece in zip(batch, pieces):
+            known = expected.known.get(plan.modalities[s])
+            if known is not None:
+                _check_known(plan, s, piece, known)
+            if hit_storages and storage_id(piece) in hit_storages:
+                _overwritten_hit(plan, s, piece, hit_storages, expected)
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = plain_rows(piece)
         encoded.extend(batch)
     return encoded
+
+
+def _hit_storages(plan: StepPlan) -> dict:
+    """Storage of each of the step's hits: an encoder output in one of them overwrote it."""
+    if HIT not in plan.kinds:
+        return {}
+    return {storage_id(t): i for i, (kind, t) in enumerate(zip(plan.kinds, plan.tensors))
+            if kind is HIT and not t.is_meta}
+
+
+def _overwritten_hit(plan: StepPlan, s: int, piece: Any, hit_storages: dict, expected: Expected) -> None:
+    hit = hit_storages[storage_id(piece)]
+    expected.evict.append(plan.keys[hit])
+    raise CachedEmbeddingError(
+        f"{_labels(plan, [hit])}: the encoder's output for {_labels(plan, [s])} was written into the storage of"
+        " this cached embedding (the encoder reuses its output buffer), so the entry no longer holds its rows;"
+        " it was evicted and will be encoded again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
+    )
+
+
+def _check_known(plan: StepPlan, s: int, piece: Any, known: tuple) -> None:
+    hidden, dtype = known
+    if (hidden is not None and piece.shape[-1] != hidden) or (dtype is not None and piece.dtype != dtype):
+        modality = plan.modalities[s]
+        raise CacheLayoutError(
+            f"{_labels(plan, [s])}: the encoder output has hidden size {piece.shape[-1]} and dtype {piece.dtype};"
+            f" the cache holds {modality} embeddings of hidden size {hidden} and dtype {dtype}. Nothing of this"
+            " step was cached and no entry evicted (clear the cache if the model changed)",
+            key=plan.keys[s], modality=modality, got=(piece.shape[-1], piece.dtype), expected=known,
+        )
 
 
 def _uniform_list(output, item_rows, expected) -> list[Any] | None:
@@ -202,7 +281,7 @@ def _uniform_list(output, item_rows, expected) -> list[Any] | None:
         return None
     dtype, device = first.dtype, first.device
     hidden = first.shape[1] if expected.hidden is None else expected.hidden
-    if not dtype.is_floating_point or device.type == "meta" or (
+    if not dtype.is_floating_point or (device.type == "meta") != _is_meta(expected.device) or (
             expected.device is not None and device != expected.device):
         return None
     for t, rows in zip(output, item_rows):

@@ -71,12 +71,41 @@ def vision_paths(model: Any) -> tuple[VisionPath, ...]:
 
 
 def default_model_id(model: Any) -> str:
-    """Checkpoint name (if any) plus a digest of the whole config. It cannot see the
-    weights: pass ``model_id`` when two models share a config but not their weights
-    (fine-tunes, adapters) and share a cache."""
+    """Checkpoint name (if any), a digest of the whole config and a fingerprint of the
+    weights (``weights_fingerprint``): two checkpoints of one architecture (revisions,
+    a fine-tune saved under the base name, models built from a config) differ in it."""
     config = model.config
     digest = hashlib.blake2b(config.to_json_string(use_diff=False).encode(), digest_size=8).hexdigest()
-    return f"{type(model).__name__}:{getattr(config, '_name_or_path', '') or 'unnamed'}:{digest}"
+    name = getattr(config, "_name_or_path", "") or "unnamed"
+    return f"{type(model).__name__}:{name}:{digest}:w{weights_fingerprint(model)}"
+
+
+_SAMPLES_PER_PARAMETER = 64
+
+
+@torch.no_grad()
+def weights_fingerprint(model: Any) -> str:
+    """A digest of every parameter and buffer: its name, shape, dtype, its sum (float64)
+    and an evenly strided sample of its values. Computed once per adapter, with one copy
+    to the host for the whole model; a change to any weight moves the sum. Parameters on
+    ``meta`` (no data) contribute their names and shapes only."""
+    described, summaries = [], []
+    for name, t in sorted(list(model.named_parameters()) + list(model.named_buffers()), key=lambda nt: nt[0]):
+        described.append(f"{name}:{tuple(t.shape)}:{t.dtype}")
+        if t.is_meta or not t.numel():
+            continue
+        flat = t.detach().reshape(-1)
+        values = flat if flat.is_floating_point() else flat.to(torch.float64)
+        step = max(flat.numel() // _SAMPLES_PER_PARAMETER, 1)
+        summaries.append(torch.cat([values.sum(dtype=torch.float64).reshape(1), values[::step].to(torch.float64)]))
+    h = hashlib.blake2b("|".join(described).encode(), digest_size=8)
+    if summaries:
+        by_device: dict[Any, list[Any]] = {}
+        for piece in summaries:
+            by_device.setdefault(piece.device, []).append(piece)
+        for pieces in by_device.values():
+            h.update(torch.cat(pieces).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 class VisionAdapter:
@@ -84,8 +113,9 @@ class VisionAdapter:
 
     ``model``: a ``*ForConditionalGeneration`` (or its inner ``*Model``) of a supported
     type. ``model_id``: the identity hashed into every item (defaults to
-    ``default_model_id``); the model's dtype is always added to it, since it changes
-    the rows.
+    ``default_model_id``: checkpoint name, config and a fingerprint of the weights); the
+    model's dtype is always added to it, since it changes the rows. A model whose
+    weights change in place after the adapter is built needs a new adapter.
     """
 
     def __init__(self, model: Any, *, model_id: str | None = None) -> None:

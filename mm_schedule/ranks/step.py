@@ -2,16 +2,19 @@
 
 The scheduler hands the step over at one seam, between planning and encoding:
 
-1. ``agree(plan, cache, expected)``: the step's cache hits are checked (an unfit entry
+1. ``agree(plan, expected)``: the step's cache hits are checked (an unfit entry
    is a failure of this rank, reported through the agreement), then the agreed miss set
    replaces each rank's local one (a local hit that another rank missed becomes a
    miss) and the encoder batches are rebuilt from it in plan order, by the planner's
    own rule: every rank returns the same plan, whatever its cache held. With encoder
    parallelism the returned plan's encoder batches are this rank's share only.
-2. ``prepare_rows(plan, encoders, cache, expected)``: this rank encodes its batches
+2. ``prepare_rows(plan, encoders, expected)``: this rank encodes its batches
    and validates the outputs; the ranks settle the outcome (a fault anywhere raises the
    same error everywhere); in parallel mode the rows are exchanged, so every rank holds
-   every miss's rows; only then is anything inserted into the cache.
+   every miss's rows; only then does the scheduler insert the agreed misses it returns.
+
+Nothing here touches the cache: unfit entries are named in ``Expected.evict`` and what
+to insert is returned, for the scheduler to act on.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from ..encode import Encoders, encode_misses
 from ..plan import HIT, MISS, PRECOMPUTED, StepPlan, batch_misses
-from ..validate import Expected, check_outputs, check_tensor, plain_rows
+from ..validate import Expected, check_outputs, check_sources, check_tensor, plain_rows
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
 from .faults import Fault, raise_agreed_fault, settle
@@ -43,19 +46,14 @@ class RankStep:
         self.misses: list[int] = []  # agreed misses, plan order
         self.owners: list[int] = []  # encoding rank of each agreed miss
 
-    def agree(self, plan: StepPlan, cache: Any, expected: Expected) -> StepPlan:
-        from ..scheduler import check_sources
-
+    def agree(self, plan: StepPlan, expected: Expected) -> StepPlan:
         fault = cause = None
         try:
-            self.tensors = list(check_sources(plan, expected, cache))
+            self.tensors = list(check_sources(plan, expected))
         except Exception as exc:  # reported to every rank through the agreement
-            # An unfit hit has just been evicted: the hit no longer in the cache is the one.
-            culprit = next(
-                (i for i, kind in enumerate(plan.kinds)
-                 if kind is HIT and cache is not None and not cache.contains(plan.keys[i])),
-                None,
-            )
+            # The unfit hit is the one validation named for eviction.
+            unfit = set(expected.evict)
+            culprit = next((i for i, kind in enumerate(plan.kinds) if kind is HIT and plan.keys[i] in unfit), None)
             fault = Fault.from_exception(
                 exc, rank=self.group.rank,
                 request=None if culprit is None else plan.requests[culprit],
@@ -94,11 +92,10 @@ class RankStep:
         return agreed._replace(encoder_batches=batches)
 
     def prepare_rows(
-        self, plan: StepPlan, encoders: Encoders, cache: Any, expected: Expected, *, move_features: bool = False
-    ) -> list[Any]:
-        """Phases 4-6 of the step on this rank; returns the tensors by source."""
-        from ..scheduler import insert_encoded
-
+        self, plan: StepPlan, encoders: Encoders, expected: Expected, *, move_features: bool = False
+    ) -> tuple[list[Any], list[int]]:
+        """Phases 4-5 of the step on this rank; returns the tensors by source and the
+        agreed misses, whose rows every rank now holds, to cache."""
         tensors = self.tensors
         fault = cause = None
         for batch in plan.encoder_batches:
@@ -125,8 +122,7 @@ class RankStep:
             if self.encoder_parallel:
                 for modality, (hidden, code) in zip(modalities, shapes):
                     self._receive(plan, tensors, expected, modality, hidden, code)
-        insert_encoded(cache, plan, tensors, self.misses)
-        return tensors
+        return tensors, self.misses
 
     def _receive(
         self, plan: StepPlan, tensors: list[Any], expected: Expected, modality: str, hidden: int, code: int

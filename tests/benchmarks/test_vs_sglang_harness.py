@@ -118,3 +118,24 @@ def test_rounds_are_split_over_passes_through_every_case(sides):
             assert result.encoder_calls_per_step["ours-compat"] == 1
         else:
             assert set(result.encoder_calls_per_step.values()) == {0}
+
+
+@pytest.mark.parametrize("shape_only_cat", [False, True])
+def test_meta_sides_run_unchanged_and_return_the_expected_shapes(sides, shape_only_cat):
+    """The host-overhead case: SGLang 0.5.19's code and ours on meta tensors (no data, so a
+    host sync on either side would raise), checked by shape; with torch.cat replaced by
+    its shape-only stand-in for both sides, as the timed case runs, and without."""
+    import contextlib
+
+    release = bench._sglang_wheels.load_release("0.5.19")
+    meta_sides = bench.make_meta_sides(release)
+    assert [s.name for s in meta_sides] == [bench.SGL19, bench.SGL19_SCATTER, bench.OURS_COMPAT,
+                                             bench.OURS_EMBED, bench.OURS_MERGE]
+    batch = bench.on_meta(bench.build_batch(8, seed=5))
+    assert batch.input_ids.is_meta and all(it.feature.is_meta for it in batch.items)
+    with bench.ShapeOnlyCat() if shape_only_cat else contextlib.nullcontext():
+        assert bench.check_once(meta_sides, batch) == []
+    assert torch.cat is bench._REAL_CAT
+    # The shape check can fail: a result of the wrong shape is reported.
+    wrong = {"x": {"rows": torch.empty(batch.n_rows + 1, bench.HIDDEN, device="meta")}}
+    assert bench.compare_meta(wrong, batch)

@@ -24,7 +24,12 @@ from mm_schedule import (
     item_key,
     merge_chunk,
 )
-from mm_schedule.errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError
+from mm_schedule.errors import (
+    CachedEmbeddingError,
+    EmbeddingLengthMismatch,
+    InvalidItemError,
+    KernelInputError,
+)
 
 from .conftest import BACKENDS
 from .helpers import HIDDEN, CountingEncoder, image, naive_reference, truth
@@ -258,20 +263,37 @@ def test_hits_are_acknowledged_once_per_successful_step(backend):
 
 
 @STEP
-def test_copy_outputs_protects_the_cache_from_a_reused_buffer(backend):
+@pytest.mark.parametrize("copy", [False, True])
+def test_an_encoder_reusing_its_output_buffer_never_leaves_a_wrong_entry(backend, copy, caplog):
+    """Without ``copy_outputs`` the first output is cached by reference and the second
+    call overwrites it: the cache notices the shared storage, evicts the overwritten
+    entry (never serves it), copies the new output, says so once, and copies every
+    later output of that buffer. With ``copy_outputs`` nothing is ever overwritten."""
     buffer = torch.zeros(3, HIDDEN)
 
     def reusing(items):
         buffer.copy_(truth(items[0].hash, 3))
         return [buffer]
 
-    for copy, survives in ((False, False), (True, True)):
+    cache = EmbeddingCache(1 << 20)
+    encoder = Encoder(reusing, copy_outputs=copy)
+    for h in (80, 81, 82, 83):
+        got = embed_chunk([RequestChunk(items=[image(h, 0, 3)], prefix=0, extend=3)], encoder, cache=cache)
+        assert torch.equal(got.embedding, truth(h, 3))
+    survivors = [80] if copy else []
+    for h in [*survivors, 81, 82, 83]:
+        assert torch.equal(cache.lookup(h), truth(h, 3)), h
+    assert (cache.lookup(80) is None) is not copy
+    warned = [r for r in caplog.records if "shares its storage" in r.getMessage()]
+    assert len(warned) == (0 if copy else 1)
+    # A hit of this very step in the reused buffer: its rows are gone, the step says so.
+    if not copy:
         cache = EmbeddingCache(1 << 20)
-        embed_chunk([RequestChunk(items=[image(80, 0, 3)], prefix=0, extend=3)],
-                    Encoder(reusing, copy_outputs=copy), cache=cache)
-        embed_chunk([RequestChunk(items=[image(81, 0, 3)], prefix=0, extend=3)],
-                    Encoder(reusing, copy_outputs=copy), cache=cache)
-        assert torch.equal(cache.lookup(80), truth(80, 3)) is survives
+        embed_chunk([RequestChunk(items=[image(90, 0, 3)], prefix=0, extend=3)], encoder, cache=cache)
+        with pytest.raises(CachedEmbeddingError, match=r"item hash 90.*reuses its output buffer"):
+            embed_chunk([RequestChunk(items=[image(90, 0, 3), image(91, 3, 3)], prefix=0, extend=6)],
+                        encoder, cache=cache)
+        assert cache.lookup(90) is None and cache.lookup(91) is None
 
 
 @STEP

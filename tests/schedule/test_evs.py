@@ -354,3 +354,34 @@ def test_placeholder_count_is_checked_after_the_rewrite_and_nothing_is_cached():
     with pytest.raises(EmbeddingLengthMismatch, match=r"placeholder tokens of these items in input_ids: expected \d+, got \d+"):
         mm_schedule.get_embedding_and_mask(encoder, *layout([p, text_only], [(0, len(p.ids)), (0, len(text_only.ids))]))
     assert len(encoder.calls) == 1 and len(mm_schedule.embedding_cache) == 0
+
+
+@pytest.mark.parametrize("counts", [None, "51", [1.5, 2], [True, 1]], ids=["none", "string", "floats", "bools"])
+def test_frame_counts_must_be_integers(counts):
+    p = Prompt(random.Random(2), h=44, frames=2)
+
+    def encoder(items):
+        return EVSEmbeddingResult(embedding=p.rows.clone(), num_tokens_per_frame=counts)
+
+    with pytest.raises(EncoderOutputError, match=r"request 0, item hash 44: .*num_tokens_per_frame"):
+        mm_schedule.get_embedding_and_mask(encoder, *_layout(p))
+    assert len(mm_schedule.embedding_cache) == 0
+
+
+def test_engine_input_ids_must_be_the_pre_chunked_prompt():
+    p = Prompt(random.Random(3), h=45)
+    layout = list(_layout(p))
+    layout[2] = layout[2].clone()
+    layout[2][0] += 1  # the engine's prompt and the processor's differ at position 0
+    with pytest.raises(InvalidItemError, match="item hash 45: input_ids differ from pre_chunked_input_ids at position 0"):
+        mm_schedule.get_embedding_and_mask(EVSEncoder([p]), *layout)
+
+
+def test_a_reencode_that_prunes_otherwise_than_earlier_chunks_is_refused():
+    p = Prompt(random.Random(5), h=46, frames=3)
+    split = p.video.offsets[0][1] + 1  # the first chunk ends after the first frame
+    mm_schedule.get_embedding_and_mask(EVSEncoder([p]), *layout([p], [(0, split)]))
+    mm_schedule.embedding_cache.clear()  # evicted between the chunks
+    p.kept = [p.kept[-1], *p.kept[1:-1], p.kept[0]] if p.kept[0] != p.kept[-1] else [0, 0, sum(p.kept)]
+    with pytest.raises(EncoderOutputError, match="item hash 46: the encoder pruned the video into frame counts"):
+        mm_schedule.get_embedding_and_mask(EVSEncoder([p]), *layout([p], [(split, len(p.ids) - split)]))

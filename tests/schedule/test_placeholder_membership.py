@@ -136,3 +136,15 @@ def test_c_helper_refuses_bad_arguments():
         with pytest.raises(ValueError, match="mark_members"):
             helper.mark_members(*bad)
     assert helper.mark_members(*args) == 1 and out.tolist() == [False, True]
+
+
+def test_the_device_path_sorted_search_matches_isin():
+    """The membership used for tensors on a device (run here on CPU tensors): random ids
+    with repeats, negatives and ids absent from the tokens, against torch.isin."""
+    from mm_schedule.placeholders import sorted_membership
+
+    gen = torch.Generator().manual_seed(17)
+    for _ in range(100):
+        pads = torch.randint(-50, 50, (int(torch.randint(1, 300, (1,), generator=gen)),), generator=gen)
+        ids = torch.randint(-60, 60, (int(torch.randint(1, 700, (1,), generator=gen)),), generator=gen)
+        assert torch.equal(sorted_membership(ids, pads), torch.isin(ids, pads))

@@ -68,14 +68,18 @@ def test_bad_output_raises_names_item_and_caches_nothing(backend, poison, victim
     assert torch.equal(got, naive_reference(reqs))
 
 
-def test_hidden_size_is_learned_from_the_steps_hits(backend):
+def test_a_faulty_output_beside_a_correct_hit_evicts_nothing(backend):
     cache = EmbeddingCache(1 << 20)
     embed_chunk([RequestChunk(items=[image(1, 0, 2)], prefix=0, extend=2)], CountingEncoder(), cache=cache)
     reqs = [RequestChunk(items=[image(1, 0, 2), image(2, 3, 2)], prefix=0, extend=5)]
-    with pytest.raises(EncoderOutputError, match=r"item hash 2: .*hidden size 5, expected 8 .*evicted"):
+    with pytest.raises(EncoderOutputError, match=r"item hash 2: .*hidden size 5, expected 8"):
         embed_chunk(reqs, lambda items: torch.zeros(2, 5), cache=cache)
-    # Which side is wrong cannot be known: the output is not cached, the hit is evicted.
-    assert len(cache) == 0
+    # The hit was cached by a step, as an IMAGE embedding of hidden size 8: the cache
+    # vouches for it, so the output is the wrong side; nothing of the step is cached.
+    assert cache.contains(1) and not cache.contains(2)
+    assert cache.layout_of("IMAGE") == (HIDDEN, torch.float32)
+    got = embed_chunk(reqs, CountingEncoder(), cache=cache).embedding
+    assert torch.equal(got, naive_reference(reqs))
 
 
 def test_fused_hidden_size_comes_from_input_embeds(backend):

@@ -1,19 +1,4 @@
-"""Planning a prefill step on the host: which item rows the step needs and where they go.
-
-Nothing here reads tensor data. A plan lists *sources* (one per distinct embedding the
-step needs: a cached entry, a precomputed embedding, or an encoder output still to be
-computed) and *segments* saying which rows of which source land where, both in the
-packed ``[n_rows, H]`` layout and in the forward batch's token rows. Misses are
-deduplicated across requests and grouped into encoder batches (one call per modality,
-optionally capped by a token budget).
-
-Two planners build the same ``StepPlan``: a flat single pass for the common step
-(every item one span, nothing precomputed, items listed in position order), and the
-general planner for everything else (several spans per item, precomputed embeddings,
-items out of order) and for every malformed input, so each error names what is wrong.
-A plan is a set of parallel columns, never one object per item: a step over thousands
-of items allocates a handful of lists.
-"""
+"""A step's plan as parallel columns, and the rule that cuts its misses into encoder calls."""
 
 from __future__ import annotations
 
@@ -22,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .errors import InvalidItemError
+from ..errors import InvalidItemError
 
 Span = tuple[int, int]  # (start, end), end inclusive, in prompt positions
 
@@ -136,6 +121,32 @@ class StepPlan(NamedTuple):
     n_tokens: int
     cache_layout: tuple | None = None
     token_budget: int | None = None
+
+    def with_lookups(self, lookup: Any) -> StepPlan:
+        """This plan (every cached source planned a miss) with the sources ``lookup`` finds
+        turned into hits and the misses cut into encoder batches. ``lookup(keys, rows)``
+        returns ``(tensor or None per key, layout shared by the cache's entries)``, e.g.
+        ``EmbeddingCache.lookup_many``; None: nothing is cached."""
+        kinds, tensors, layout = self.kinds, self.tensors, None
+        if lookup is not None and MISS in kinds:
+            if PRECOMPUTED in kinds or not isinstance(kinds, list):
+                wanted = [i for i, kind in enumerate(kinds) if kind is MISS]
+            else:
+                wanted = None  # every source a miss: all looked up, in order
+            keys, rows = (self.keys, self.rows) if wanted is None else (
+                [self.keys[i] for i in wanted], [self.rows[i] for i in wanted])
+            found, layout = lookup(keys, rows)
+            if wanted is None:
+                tensors = found
+                kinds = [MISS if t is None else HIT for t in found]
+            else:
+                kinds, tensors = list(kinds), list(tensors)
+                for i, t in zip(wanted, found):
+                    if t is not None:
+                        kinds[i], tensors[i] = HIT, t
+        batches = batch_misses(kinds, self.rows, self.modalities, self.multi_items, self.token_budget) \
+            if MISS in kinds else ()
+        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=layout)
 
     @property
     def hit_items(self) -> list[Any]:

@@ -4,17 +4,18 @@ It handles what the flat planner leaves to it: items with several spans (video f
 image slices), whose modality group of a request is encoded together under one
 combined key, as SGLang does; precomputed embeddings; items listed out of position
 order; hash collisions between items of different lengths; and every malformed input,
-which it refuses with an error naming the request and the item.
+which it refuses with an error naming the request and the item. It plans every
+source that could be cached a miss; ``StepPlan.with_lookups`` then looks them up.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .errors import InvalidItemError, PrecomputedEmbeddingError
-from .items import as_index, check_spans, item_spans, modality_name, span_tokens, window_overlap
-from .keys import combine_hashes, item_key
-from .plan import HIT, MISS, PRECOMPUTED, StepPlan, batch_misses
+from ..errors import InvalidItemError, PrecomputedEmbeddingError
+from ..items import as_index, check_spans, item_spans, modality_name, span_tokens, window_overlap
+from ..keys import combine_hashes, item_key
+from .columns import MISS, PRECOMPUTED, StepPlan
 
 
 def _has_precomputed(item: Any) -> bool:
@@ -52,7 +53,7 @@ class _Columns:
         self.uses: list[tuple[int, Any]] = []  # (source, item or tuple of items) per request use
 
 
-def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, budget) -> StepPlan:
+def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, budget) -> StepPlan:
     precomputed = _all_precomputed(item_lists)
     cols = _Columns()
     segments: list[tuple[int, int, int, int, int]] = []  # source, src_row, n, token_row, request
@@ -68,10 +69,6 @@ def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cach
         if extend > 0 and items:
             _add_request(cols, segments, index, items, offsets_lists[index], prefix, extend, row_offset, precomputed)
 
-    found, layout = _lookup(cols, cache)
-    for source, tensor in enumerate(found):
-        if tensor is not None:
-            cols.kinds[source], cols.tensors[source] = HIT, tensor
     packed, n_rows = [], 0
     for _, _, n, _, _ in segments:
         packed.append(n_rows)
@@ -83,22 +80,10 @@ def plan_general(item_lists, prefixes, extends, offsets_lists, row_offsets, cach
         seg_source=[s[0] for s in segments], seg_src_row=[s[1] for s in segments],
         seg_rows=[s[2] for s in segments], seg_packed_row=packed,
         seg_token_row=[s[3] for s in segments], seg_request=[s[4] for s in segments],
-        encoder_batches=batch_misses(cols.kinds, cols.rows, cols.modalities, cols.multi_items, budget),
+        encoder_batches=(),
         use_source=[u[0] for u in cols.uses], use_item=[u[1] for u in cols.uses],
-        n_rows=n_rows, n_tokens=token_base, cache_layout=layout, token_budget=budget,
+        n_rows=n_rows, n_tokens=token_base, cache_layout=None, token_budget=budget,
     )
-
-
-def _lookup(cols: _Columns, cache) -> tuple[list, tuple | None]:
-    """Cached tensors for the sources planned as misses, looked up together."""
-    wanted = [i for i, kind in enumerate(cols.kinds) if kind is MISS]
-    found: list = [None] * len(cols.kinds)
-    if cache is None or not wanted:
-        return found, None
-    tensors, layout = cache.lookup_many([cols.keys[i] for i in wanted], [cols.rows[i] for i in wanted])
-    for i, tensor in zip(wanted, tensors):
-        found[i] = tensor
-    return found, layout
 
 
 def _add_request(cols, segments, index, items, given, prefix, extend, row_offset, precomputed) -> None:

@@ -3,23 +3,24 @@
 It plans steps whose items each have one span, carry no precomputed embedding and are
 listed in position order within their request (request-level offsets, when given, in
 the same order). Everything it reads is checked on the way; the moment something falls
-outside that shape (or is malformed) it gives up and returns None *before touching the
-cache*, and the general planner plans the step from scratch, with its error messages.
+outside that shape (or is malformed) it gives up and returns None, and the general
+planner plans the step from scratch, with its error messages. Like the general planner
+it plans every source a miss; ``StepPlan.with_lookups`` then looks them up.
 """
 
 from __future__ import annotations
 
 from itertools import accumulate
 
-from .items import KNOWN_MODALITIES as names
-from .items import modality_name
-from .keys import item_key
-from .plan import HIT, MISS, StepPlan, batch_misses
+from ..items import KNOWN_MODALITIES as names
+from ..items import modality_name
+from ..keys import item_key
+from .columns import MISS, StepPlan
 
 _NO_MODALITY = object()
 
 
-def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, budget) -> StepPlan | None:
+def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, budget) -> StepPlan | None:
     keys: list[int] = []
     rows: list[int] = []
     requests: list[int] = []
@@ -123,18 +124,10 @@ def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, cache, 
         seg_source, seg_src_row, seg_rows, seg_item = list(range(len(keys))), [0] * len(keys), rows, first_items
     seg_packed_row = list(accumulate(seg_rows, initial=0))
     packed = seg_packed_row.pop()
-    layout = None
-    if cache is not None and keys:
-        tensors, layout = cache.lookup_many(keys, rows)
-        kinds = [MISS if t is None else HIT for t in tensors]
-    else:
-        tensors = [None] * len(keys)
-        kinds = [MISS] * len(keys)
     return StepPlan(
-        kinds, keys, rows, requests, modalities, tensors, first_items, {},
+        [MISS] * len(keys), keys, rows, requests, modalities, [None] * len(keys), first_items, {},
         seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,
-        batch_misses(kinds, rows, modalities, (), budget) if MISS in kinds else (),
-        seg_source, seg_item, packed, token_base, layout, budget,
+        (), seg_source, seg_item, packed, token_base, None, budget,
     )
 
 
