@@ -249,6 +249,18 @@ def _item_rows(embedding: torch.Tensor, start: int, end: int, chunk_start: int, 
     return embedding[max(start, chunk_start) - start: min(end, chunk_end - 1) - start + 1]
 
 
+def _item_overlap(item: MultimodalDataItem, chunk_start: int, chunk_end: int) -> int | None:
+    """(SGLang 0.5.23) The item's token count if any of its runs meets ``[chunk_start, chunk_end)``."""
+    if any(end >= chunk_start and start < chunk_end for start, end in item.offsets):
+        return sum(end - start + 1 for start, end in item.offsets)
+    return None
+
+
+def _slice_item_chunk(emb: torch.Tensor, item: MultimodalDataItem, chunk_start: int, chunk_len: int) -> torch.Tensor:
+    """(SGLang 0.5.23) The rows of an item's embedding that fall in the chunk."""
+    return get_embedding_chunk(emb, chunk_start, chunk_len, item.offsets)[0]
+
+
 def _get_chunked_embedding_full(
     data_embedding_func: DataEmbeddingFunc,
     embedding_items_per_req: list[MultimodalDataItem],
