@@ -92,8 +92,10 @@ def _refuse_encoding(items: list) -> Any:
 
 
 def fused_step(func, items, placeholder_tensor, input_ids, items_size, prefixes, extends, offsets,
-               cache: EmbeddingCache | None, context: StepContext, on_mismatch) -> tuple[Any, Any, Any]:
-    """``get_embedding_and_mask`` as one planned step over every request of the batch."""
+               cache: EmbeddingCache | None, context: StepContext, check_count: bool) -> tuple[Any, Any, Any]:
+    """``get_embedding_and_mask`` as one planned step over every request of the batch.
+    ``check_count``: input_ids must hold one placeholder token per planned row (SGLang
+    counts the rows from the offsets alone)."""
     n = min(len(items_size) - 1, len(prefixes))
     if evs.pruned_video_requests(items, items_size, n):
         return evs.get_embedding_and_mask(
@@ -106,15 +108,12 @@ def fused_step(func, items, placeholder_tensor, input_ids, items_size, prefixes,
     )
     if not plan.n_rows:
         return None, None, input_ids
-    if on_mismatch is None:
+    if check_count:
         mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows)
     else:
-        mask, marked = marked_placeholders(input_ids, placeholder_tensor)
+        mask = marked_placeholders(input_ids, placeholder_tensor)[0]
     result = run_packed(plan, func, cache, context, device=input_ids.device, move_features=True)
-    embedding = result.embedding
-    if on_mismatch is not None and marked != plan.n_rows:
-        embedding = on_mismatch(embedding, marked)
-    return embedding, mask, input_ids
+    return result.embedding, mask, input_ids
 
 
 class SharedStorageCache(EmbeddingCache):

@@ -8,9 +8,11 @@ by default (mm_schedule's behaviour); set it False for SGLang 0.5.19's:
 * ``own_storage``: a cache entry is a copy owning exactly its rows. SGLang caches
   ``torch.split`` views of a combined encoder output, so one cached image keeps the
   whole batch output alive (and the byte budget is charged for it per entry).
-* ``raise_on_count_mismatch``: embedding rows that disagree with the placeholder tokens
-  raise ``EmbeddingLengthMismatch``. SGLang logs a warning and keeps the last rows
-  (too many) or raises ``RuntimeError`` (too few).
+* ``raise_on_count_mismatch``: placeholder tokens in ``input_ids`` that disagree with the
+  items' offsets, or embedding rows that disagree with either, raise
+  ``EmbeddingLengthMismatch``. SGLang checks ``input_ids`` only when its async probe is
+  enabled, and for rows logs a warning and keeps the last ones (too many) or raises
+  ``RuntimeError`` (too few).
 
 ``sglang_behaviour()`` switches all three off for the duration of a ``with`` block.
 """

@@ -550,13 +550,10 @@ def get_embedding_and_mask(
             prefix_length, extend_length, items_offset_list,
         )
     extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(len(prefix_length))]
-    on_mismatch = None
-    if not differences.raise_on_count_mismatch:
-        def on_mismatch(embedding, marked):
-            return _adjust_embedding_length(embedding, marked, logger)
     return _core.fused_step(
         data_embedding_func, list(embedding_items), placeholder_tensor, input_ids, list(items_size),
-        list(prefix_length), extends, list(items_offset_list), embedding_cache, _step_context(), on_mismatch,
+        list(prefix_length), extends, list(items_offset_list), embedding_cache, _step_context(),
+        differences.raise_on_count_mismatch,
     )
 
 
