@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import linecache
 import sys
 import types
+import zipfile
 from typing import Any
 
 import _sglang_wheels as wheels
@@ -52,6 +54,13 @@ class MultimodalDataItem:
 
     def is_audio(self) -> bool:
         return self.modality == Modality.AUDIO
+
+    def is_video(self) -> bool:
+        return self.modality == Modality.VIDEO
+
+    @property
+    def pre_chunked_input_ids(self) -> Any:
+        return self.model_specific_data.get("pre_chunked_input_ids")
 
     def acknowledge_deferred_cuda_ipc_feature(self, consumers: int) -> None:
         self.acknowledged.append(consumers)
@@ -121,6 +130,7 @@ class SGLangProcess:
         saved = dict(wheels.STUB_ATTRIBUTES)
         for name, attrs in STUBS.items():
             wheels.STUB_ATTRIBUTES[name] = {**wheels.STUB_ATTRIBUTES.get(name, {}), **attrs}
+        _register_sources(version)
         try:
             self.release = wheels.load_release(version)
         finally:
@@ -156,6 +166,21 @@ class SGLangProcess:
         for k in [k for k in sys.modules if k == "sglang" or k.startswith("sglang.")]:
             del sys.modules[k]
         sys.modules.update(self._saved)
+
+
+def _register_sources(version: str) -> None:
+    """Put the wheel's module sources into ``linecache`` under the names the loader gives
+    them, so code that reads its own source (``triton.jit`` in 0.5.23's probes) finds it."""
+    wheel = wheels.fetch_wheel(version)
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        for module in wheels.REAL_MODULES:
+            rel = module.replace(".", "/")
+            for member in (f"{rel}.py", f"{rel}/__init__.py"):
+                if member in names:
+                    text = archive.read(member).decode()
+                    filename = f"{wheel}/{member}"
+                    linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
 
 
 def _module(name: str, attrs: dict[str, object], *, package: bool = False) -> types.ModuleType:

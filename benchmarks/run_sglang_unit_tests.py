@@ -20,6 +20,8 @@ differences docs/sglang.md names), or fails on the stand-in with SGLang's behavi
 from __future__ import annotations
 
 import argparse
+import datetime
+import hashlib
 import json
 import subprocess
 import sys
@@ -52,7 +54,11 @@ def _run_target(test_file: str, release: str, target: str) -> dict[str, str]:
         def pytest_runtest_logreport(self, report):
             name = report.nodeid.split("::", 1)[-1]
             if report.when == "call" or report.outcome != "passed":
-                outcomes[name] = report.outcome if report.when == "call" else f"{report.outcome} ({report.when})"
+                outcome = report.outcome if report.when == "call" else f"{report.outcome} ({report.when})"
+                if report.failed:
+                    lines = [line for line in report.longreprtext.splitlines() if line.startswith("E ")]
+                    outcome += ": " + (lines[0][1:].strip() if lines else "?")[:110]
+                outcomes[name] = outcome
 
     with process:
         behaviour = contextlib.nullcontext()
@@ -86,11 +92,11 @@ def run(test_file: Path, release: str) -> dict[str, dict[str, str]]:
 def problems(results: dict[str, dict[str, str]]) -> list[str]:
     found = []
     for name, outcome in results["sglang"].items():
-        if outcome != "passed":
+        if _short(outcome) != "passed":
             continue
-        if results["stand-in"].get(name) != "passed" and name not in INTENDED:
+        if _short(results["stand-in"].get(name, "-")) != "passed" and name not in INTENDED:
             found.append(f"{name}: passes on SGLang's module, not on the stand-in")
-        if results["stand-in, SGLang behaviour"].get(name) != "passed":
+        if _short(results["stand-in, SGLang behaviour"].get(name, "-")) != "passed":
             found.append(f"{name}: passes on SGLang's module, not on the stand-in with SGLang's behaviour")
     return found
 
@@ -98,27 +104,44 @@ def problems(results: dict[str, dict[str, str]]) -> list[str]:
 def table(results: dict[str, dict[str, str]], test_file: Path, release: str) -> str:
     names = list(results["sglang"])
     names += [n for t in TARGETS for n in results[t] if n not in names]
-    counts = {t: sum(results[t].get(n) == "passed" for n in names) for t in TARGETS}
+    counts = {t: sum(_short(results[t].get(n, "-")) == "passed" for n in names) for t in TARGETS}
     lines = [
         f"# SGLang's unit tests for mm_schedule: SGLang {release} vs the stand-in",
         "",
-        f"Test file: `{test_file.name}` from SGLang's repository (not shipped here). Produced by",
-        f"`python benchmarks/run_sglang_unit_tests.py PATH/{test_file.name} --release {release}` on CPU.",
+        f"Test file: `{test_file.name}` from SGLang's repository (not shipped here; sha256"
+        f" `{hashlib.sha256(test_file.read_bytes()).hexdigest()[:16]}`). Produced on"
+        f" {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d} by",
+        f"`python benchmarks/run_sglang_unit_tests.py PATH/{test_file.name} --release {release}` on CPU"
+        f" (torch {_torch_version()}, Python {sys.version.split()[0]}).",
         "",
         "| test | " + " | ".join(TARGETS) + " | note |",
         "|---|" + "---|" * len(TARGETS) + "---|",
     ]
     for name in names:
-        row = [results[t].get(name, "-") for t in TARGETS]
+        row = [_short(results[t].get(name, "-")) for t in TARGETS]
         note = INTENDED.get(name, "")
         if results["sglang"].get(name) != "passed" and not note:
-            note = f"fails on SGLang {release}'s own module too (it tests a later change)"
+            note = f"fails on SGLang {release}'s own module: {_reason(results['sglang'].get(name, '-'))}"
         lines.append(f"| `{name}` | " + " | ".join(row) + f" | {note} |")
     lines += ["", "Passed: " + ", ".join(f"{t} {counts[t]} of {len(names)}" for t in TARGETS) + "."]
     bad = problems(results)
     lines += ["", "Every test that passes on SGLang's module passes on the stand-in, or is an intended difference"
               " (and passes with SGLang's behaviour)." if not bad else "Problems:\n" + "\n".join(f"* {p}" for p in bad)]
     return "\n".join(lines) + "\n"
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _short(outcome: str) -> str:
+    return outcome.split(":", 1)[0]
+
+
+def _reason(outcome: str) -> str:
+    return outcome.split(":", 1)[1].strip().replace("|", "/").replace("`", "'") if ":" in outcome else outcome
 
 
 def main() -> int:

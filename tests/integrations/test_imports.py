@@ -13,7 +13,7 @@ def _loaded_after(statement: str) -> set[str]:
 
 
 def test_package_imports_nothing_heavy():
-    assert _loaded_after("import mm_schedule.integrations") == set()
+    assert _loaded_after("import mm_schedule.integrations, mm_schedule.integrations.sglang") == set()
     assert _loaded_after("from mm_schedule import content_hash") == set()
 
 

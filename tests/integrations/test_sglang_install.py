@@ -216,3 +216,52 @@ def test_sglangs_embed_mm_inputs_gives_the_same_input_embeds_installed(engine, b
     if not precomputed:
         theirs = sglang.scheduler.embedding_cache.mm_cache
         assert sorted(theirs) == sorted(standin.embedding_cache._entries)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sglangs_embed_mm_inputs_gives_the_same_input_embeds_installed_with_evs(engine, seed):
+    """One request with an EVS video (SGLang handles EVS for a batch of that request
+    alone): SGLang's retention mask prunes the frames, the placeholders move."""
+    sglang, _ = engine
+    mm_utils = sys.modules["sglang.srt.managers.mm_utils"]
+    evs_core = sglang.release.modules["sglang.srt.multimodal.evs.evs_core"]
+    result_cls = sglang.release.evs.EVSEmbeddingResult
+    gen = torch.Generator().manual_seed(seed)
+    frames, grid, q = 3 + seed, 3, (0.4, 0.6)[seed]
+    per_frame = evs_core.tokens_per_frame(q=q, num_frames=frames, frame_num_tokens=grid * grid)
+    pad = PADS[Modality.VIDEO]
+    ids, spans = [5, 6], []
+    for n in per_frame:
+        spans.append((len(ids), len(ids) + n - 1))
+        ids += [pad] * n + [7, 8]
+    features = torch.randn(frames * grid * grid, HIDDEN, generator=gen)
+    keep = evs_core.compute_retention_mask(features, video_size_thw=(frames, grid, grid), spatial_merge_size=1, q=q)
+    rows, kept = features[keep], keep.reshape(frames, -1).sum(-1).tolist()
+
+    def encoder(items):
+        return result_cls(embedding=rows.clone(), num_tokens_per_frame=list(kept))
+
+    table = torch.nn.Embedding(VOCAB, HIDDEN)
+
+    def run():
+        out, chunk = [], 6 + seed
+        for prefix in range(0, len(ids), chunk):
+            extend = min(chunk, len(ids) - prefix)
+            item = Item(modality=Modality.VIDEO, hash=777 + seed, offsets=list(spans), pad_value=pad,
+                        feature=torch.zeros(1), model_specific_data={"pre_chunked_input_ids": list(ids)})
+            embeds, _ = mm_utils.embed_mm_inputs(
+                mm_inputs_list=[types.SimpleNamespace(mm_items=[item])], extend_prefix_lens=[prefix],
+                extend_seq_lens=[extend], input_ids=torch.tensor(ids[prefix: prefix + extend]),
+                input_embedding=table, data_embedding_func_mapping={Modality.VIDEO: encoder},
+            )
+            out.append(embeds)
+        return out
+
+    sglang.scheduler.init_mm_embedding_cache(1 << 30)
+    expected = run()
+    install()
+    standin.init_mm_embedding_cache(1 << 30)
+    got = run()
+    assert sum(kept) == len(rows) and kept != list(per_frame), "the case must prune unevenly"
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a, b)

@@ -386,6 +386,13 @@ def test_rocm_batching_is_one_switch_from_sglangs_per_request_encoding(sglang, s
     encoder = Recorder(encoder_list)
     sglang.scheduler.get_embedding_and_mask(encoder, **_fresh(step))
     assert counts[True] == 1 and counts[False] == len(encoder.calls) == n_requests
+    # On a ROCm build (_is_hip True from the start, nothing patched) the switch holds too.
+    monkeypatch.setitem(standin._ORIGINAL, "_is_hip", True)
+    standin.init_mm_embedding_cache(1 << 30)
+    encoder = Recorder(encoder_list)
+    with sglang_behaviour(batch_on_every_backend=False):
+        standin.get_embedding_and_mask(encoder, **_fresh(step))
+    assert len(encoder.calls) == n_requests
 
 
 def test_storage_is_one_switch_from_sglangs_shared_views(sglang, standin):

@@ -91,6 +91,11 @@ def _refuse_encoding(items: list) -> Any:
     raise AssertionError("precomputed embeddings need no encoder")
 
 
+def has_pruned_video(items, items_size, prefixes) -> bool:
+    """Whether a request of the batch holds an EVS video (its rows depend on the encoder)."""
+    return bool(evs.pruned_video_requests(items, items_size, min(len(items_size) - 1, len(prefixes))))
+
+
 def fused_step(func, items, placeholder_tensor, input_ids, items_size, prefixes, extends, offsets,
                cache: EmbeddingCache | None, context: StepContext, check_count: bool) -> tuple[Any, Any, Any]:
     """``get_embedding_and_mask`` as one planned step over every request of the batch.

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import MMScheduleError
-from . import _core
 from .versions import MATCHED
 
 MODULE = "sglang.srt.managers.mm_schedule"
@@ -150,11 +149,11 @@ def _defined_objects(original: types.ModuleType, standin: types.ModuleType) -> d
     return found
 
 
-def _context_from_sglang() -> _core.StepContext:
+def _context_from_sglang() -> Any:
     """The step context of this rank, from SGLang's parallel state: its ranks, and with
     more than one attention-TP rank that group (its CPU group for agreement, its device
     group for rows). Read once, on the first step, when SGLang has set it up."""
-    from . import standin
+    from . import _core, standin
 
     runtime = sys.modules.get("sglang.srt.runtime_context")
     parallel = runtime.get_parallel() if runtime is not None else None
@@ -177,7 +176,7 @@ def _context_from_sglang() -> _core.StepContext:
     return context
 
 
-def _attention_tp_group(ranks: _core.ParallelContext) -> Any:
+def _attention_tp_group(ranks: Any) -> Any:
     if ranks.attn_tp_size != ranks.tp_size:
         from sglang.srt.layers.dp_attention import get_attention_tp_group
 

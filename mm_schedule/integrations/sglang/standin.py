@@ -544,7 +544,7 @@ def get_embedding_and_mask(
     if embedding_cache is None:
         _warn_uncached()
         init_mm_embedding_cache(0)
-    if _walk_call_graph(embedding_items):
+    if _walk_call_graph(embedding_items, items_size, prefix_length):
         return _get_embedding_and_mask_by_call_graph(
             data_embedding_func, embedding_items, placeholder_tensor, input_ids, items_size,
             prefix_length, extend_length, items_offset_list,
@@ -599,14 +599,18 @@ CALL_GRAPH_NAMES = (
 _ORIGINAL = {name: globals()[name] for name in CALL_GRAPH_NAMES}
 
 
-def _walk_call_graph(embedding_items) -> bool:
+def _walk_call_graph(embedding_items, items_size, prefix_length) -> bool:
     """True when a name of the call graph was rebound, when the cache is not mm_schedule's
-    own (a replacement object gets SGLang's API calls only), or for precomputed
-    embeddings (no encoder runs, and SGLang returns empty rows for a chunk without any)."""
+    own (a replacement object gets SGLang's API calls only), on a backend switched to
+    SGLang's per-request encoding, or for precomputed
+    embeddings (no encoder runs, and SGLang returns empty rows for a chunk without any).
+    False for a batch with an EVS video: mm_schedule's EVS path moves its placeholders."""
+    if _core.has_pruned_video(embedding_items, items_size, prefix_length):
+        return False
     namespace = globals()
     if any(namespace[name] is not original for name, original in _ORIGINAL.items()):
         return True
-    if not isinstance(embedding_cache, MultiModalStaticCache):
+    if not isinstance(embedding_cache, MultiModalStaticCache) or _per_request_backend():
         return True
     return bool(embedding_items) and getattr(embedding_items[0], "precomputed_embeddings", None) is not None
 
