@@ -38,10 +38,16 @@ def sglang_releases():
     return get
 
 
+def pytest_addoption(parser):
+    parser.addoption("--sglang-release", default="0.5.19",
+                     help="SGLang release whose modules (from its wheel) the stand-in is compared with")
+
+
 @pytest.fixture(scope="session")
-def sglang(sglang_releases):
-    """SGLang 0.5.19's real modules (not registered in ``sys.modules``; enter it for that)."""
-    return sglang_releases("0.5.19")
+def sglang(sglang_releases, request):
+    """The real modules of SGLang ``--sglang-release`` (0.5.19 unless given; not
+    registered in ``sys.modules``: enter it for that)."""
+    return sglang_releases(request.config.getoption("--sglang-release", default="0.5.19"))
 
 
 @pytest.fixture

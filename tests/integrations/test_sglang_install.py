@@ -83,6 +83,21 @@ def test_install_replaces_the_module_and_every_name_bound_at_import(engine, capl
     assert uninstall() is False
 
 
+def test_installed_before_sglang_imports_its_module(engine):
+    sglang, _ = engine
+    del sys.modules[MODULE]
+    try:
+        report = install()
+        assert not report.replaced_module and report.rebound == []
+        from sglang.srt.managers import mm_schedule
+
+        assert mm_schedule is standin and sys.modules[MODULE] is standin
+        uninstall()
+        assert MODULE not in sys.modules
+    finally:
+        sys.modules[MODULE] = sglang.scheduler
+
+
 def test_an_unmatched_sglang_is_refused_and_nothing_changes(engine):
     sglang, _ = engine
     sys.modules["sglang"].__version__ = "0.5.23"
