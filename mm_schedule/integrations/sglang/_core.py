@@ -13,7 +13,8 @@ from typing import Any
 from ... import evs
 from ...cache import EmbeddingCache, EmbeddingResult
 from ...context import ParallelContext, StepContext, acknowledge_deferred_ipc
-from ...errors import EmbeddingLengthMismatch
+from ...encode import move_features_to
+from ...errors import EmbeddingLengthMismatch, EncoderOutputError
 from ...keys import combine_hashes
 from ...placeholders import marked_placeholders
 from ...planner import plan_columns
@@ -25,6 +26,7 @@ __all__ = [
     "EmbeddingCache",
     "EmbeddingLengthMismatch",
     "EmbeddingResult",
+    "EncoderOutputError",
     "ParallelContext",
     "SharedStorageCache",
     "StepContext",
@@ -37,6 +39,7 @@ __all__ = [
     "fused_step",
     "get_embedding_chunk",
     "marked_placeholders",
+    "move_features_to",
     "packed_precomputed",
 ]
 

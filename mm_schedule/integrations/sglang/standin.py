@@ -18,6 +18,7 @@ Where mm_schedule departs from SGLang on purpose, ``differences`` has the switch
 from __future__ import annotations
 
 import logging
+import sys
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,7 +52,6 @@ _context: _core.StepContext | None = None
 
 
 def _step_context() -> _core.StepContext:
-    global _context
     if _context is None:
         return _context_source() if _context_source is not None else _core.StepContext()
     return _context
@@ -74,8 +74,6 @@ def get_schedule() -> Any:
 
 
 def _sglang_runtime(name: str) -> Any:
-    import sys
-
     module = sys.modules.get("sglang.srt.runtime_context")
     return getattr(module, name, None) if module is not None else None
 
@@ -154,16 +152,10 @@ def _flatten_embedding_result(
 ) -> torch.Tensor:
     if isinstance(embedding, list):
         if not embedding:
-            raise _core_encoder_error("DataEmbeddingFunc returned an empty per-item list; expected one entry per input item")
+            raise _core.EncoderOutputError("DataEmbeddingFunc returned an empty per-item list; expected one entry per input item")
         flat = [e.reshape(-1, e.shape[-1]) for e in embedding]
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=0)
     return embedding
-
-
-def _core_encoder_error(message: str) -> Exception:
-    from ...errors import EncoderOutputError
-
-    return EncoderOutputError(message)
 
 
 def _embedding_token_count(embedding: torch.Tensor) -> int:
@@ -207,13 +199,7 @@ def _can_skip_pre_embed_feature_move(data_embedding_func: DataEmbeddingFunc) -> 
 def _move_items_to_device(
     items: list[MultimodalDataItem], device: torch.device
 ) -> None:
-    _core_move(items, device)
-
-
-def _core_move(items, device) -> None:
-    from ...encode import move_features_to
-
-    move_features_to(items, device)
+    _core.move_features_to(items, device)
 
 
 def _acknowledge_deferred_cuda_ipc_cache_hits(
@@ -297,7 +283,7 @@ def _get_chunked_embedding_full(
     if _is_evs(result):
         redistribute = getattr(result, "redistribute_pruned_frames_placeholders", None)
         if redistribute is None:
-            raise _core_encoder_error(
+            raise _core.EncoderOutputError(
                 f"request key {key}: an EVS result reached the per-request path; call get_embedding_and_mask,"
                 " which moves the pruned video's placeholders"
             )
@@ -441,7 +427,7 @@ def _get_chunked_prefill_embedding(
         items_per_req = embedding_items[items_size[i]: items_size[i + 1]]
         items_offset = items_offset_list[i]
         if items_offset is None:
-            raise _core_encoder_error(f"request {i}: items_offset_list holds None")
+            raise _core.EncoderOutputError(f"request {i}: items_offset_list holds None")
         extend_prefix_len = prefix_length[i]
         extend_seq_len = extend_length[i] if i < len(extend_length) else 0
         if extend_seq_len <= 0 or all(end < extend_prefix_len for _, end in items_offset):
