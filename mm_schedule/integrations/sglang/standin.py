@@ -152,7 +152,7 @@ def _flatten_embedding_result(
 ) -> torch.Tensor:
     if isinstance(embedding, list):
         if not embedding:
-            raise _core.EncoderOutputError("DataEmbeddingFunc returned an empty per-item list; expected one entry per input item")
+            raise _core.EncoderOutputError("the encoder returned an empty list; a per-item result holds one tensor per item")
         flat = [e.reshape(-1, e.shape[-1]) for e in embedding]
         return flat[0] if len(flat) == 1 else torch.cat(flat, dim=0)
     return embedding
@@ -499,16 +499,17 @@ def _adjust_embedding_length(
             expected=num_mm_tokens_in_input_ids, received=rows,
             what="embedding rows for the placeholder tokens in input_ids",
         )
+    # The count fields are SGLang's, for log searches that key on them.
     logger.warning(
-        f"Number of tokens in multimodal embedding does not match those in the input text. "
+        f"Multimodal embedding rows and placeholder tokens differ: "
         f"Got {num_mm_tokens_in_input_ids} tokens in the text but {rows} tokens from multimodal embeddings."
     )
     if num_mm_tokens_in_input_ids > rows:
         raise RuntimeError(
-            f"Insufficient multimodal embedding length: {num_mm_tokens_in_input_ids=} vs {rows=}."
+            f"{rows} multimodal embedding rows for {num_mm_tokens_in_input_ids} placeholder tokens: too few to place"
         )
     if get_schedule().chunked_prefill_size != -1:
-        logger.warning("You may want to avoid this issue by raising `chunked_prefill_size`, or disabling chunked prefill")
+        logger.warning("Dropping the first rows; a larger chunked_prefill_size (or no chunked prefill) avoids it")
     if embedding.dim() == 2:
         return embedding[-num_mm_tokens_in_input_ids:, :] if num_mm_tokens_in_input_ids else embedding[:0]
     return embedding[-(num_mm_tokens_in_input_ids // embedding.shape[0]):, :]
@@ -566,7 +567,7 @@ def _get_embedding_and_mask_by_call_graph(
     else:
         maybe_assert_sum(
             special_multimodal_mask, num_mm_tokens_in_input_ids,
-            "MM placeholder count derived from offsets does not match input_ids",
+            "placeholder tokens counted from the items' offsets",
         )
     embedding = _adjust_embedding_length(embedding, num_mm_tokens_in_input_ids, logger)
     return embedding, special_multimodal_mask, input_ids
