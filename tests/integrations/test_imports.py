@@ -9,7 +9,7 @@ import sys
 # Statements in the order of what they may load, run one after another in one fresh
 # interpreter: each may add only its own heavy modules to what the earlier ones loaded.
 STATEMENTS = [
-    ("import mm_schedule.integrations", set()),
+    ("import mm_schedule.integrations, mm_schedule.integrations.sglang", set()),
     ("from mm_schedule import content_hash", set()),
     ("import mm_schedule; mm_schedule.kernels; mm_schedule.codemods", set()),
     ("from mm_schedule.codemods.move_map import load_map; load_map()", set()),

@@ -1,0 +1,615 @@
+"""A stand-in for SGLang 0.5.19's ``sglang.srt.managers.mm_schedule``, run by mm_schedule.
+
+Every module-level name of SGLang's module is defined here with its signature, return
+value and effect on ``embedding_cache``. The functions reach each other through this
+module's globals, along SGLang's call graph, so a test or fork that patches one of them
+(``monkeypatch.setattr(module, "_batch_encode_per_image_misses", ...)``) changes every
+path that uses it. The work itself (cache lookups, encoding, checking, caching) is
+mm_schedule's planner and cache.
+
+``get_embedding_and_mask`` with none of the names below patched runs the whole batch as
+one planned step (``_core.fused_step``), which gives the same rows, mask and cache state as
+walking the call graph, with one encoder call per modality and one assembly. Once any
+name of the call graph is rebound, it walks the graph.
+
+Where mm_schedule departs from SGLang on purpose, ``differences`` has the switch.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...items import MMItem
+from . import _core
+from .differences import differences
+
+MultimodalDataItem = MMItem
+EmbeddingResult = _core.EmbeddingResult
+MultiModalStaticCache = _core.EmbeddingCache
+EVSEmbeddingResult = _core.evs.EVSEmbeddingResult
+
+# SGLang's module logs through ``sglang.utils``' logger; log configurations key on it.
+logger = logging.getLogger("sglang.utils")
+
+_is_hip = torch.version.hip is not None
+_is_npu = hasattr(torch, "npu") and torch.npu.is_available()
+_is_xpu = hasattr(torch, "xpu") and torch.xpu.is_available()
+
+embedding_cache: MultiModalStaticCache | None = None
+# SGLang 0.5.23 waits on this before reading CPU-resident features; None: nothing to wait for.
+host_offload_event = None
+
+# Set by ``install`` to read the engine's parallel state when first needed.
+_context_source: Callable[[], _core.StepContext] | None = None
+_context: _core.StepContext | None = None
+
+
+def _step_context() -> _core.StepContext:
+    if _context is None:
+        return _context_source() if _context_source is not None else _core.StepContext()
+    return _context
+
+
+def set_step_context(context: _core.StepContext | None) -> None:
+    """Use ``context`` (parallel ranks, process group, encoder token budget) from now on;
+    None reads it again from the engine (or the single-process default)."""
+    global _context
+    _context = context
+
+
+def get_parallel() -> _core.ParallelContext:
+    return _step_context().parallel
+
+
+def get_schedule() -> Any:
+    schedule = _sglang_runtime("get_schedule")
+    return schedule() if schedule is not None else types.SimpleNamespace(chunked_prefill_size=-1)
+
+
+def _sglang_runtime(name: str) -> Any:
+    module = sys.modules.get("sglang.srt.runtime_context")
+    return getattr(module, name, None) if module is not None else None
+
+
+def is_hip() -> bool:
+    return _is_hip
+
+
+def is_npu() -> bool:
+    return _is_npu
+
+
+def is_xpu() -> bool:
+    return _is_xpu
+
+
+def maybe_assert_sum(mask: torch.Tensor, expected: int, message: str) -> None:
+    """Placeholder tokens in ``mask`` must be ``expected`` (SGLang checks this only when an
+    async probe is enabled; mm_schedule always does, unless switched off)."""
+    if not differences.raise_on_count_mismatch:
+        return
+    marked = int(mask.sum().item())
+    if marked != expected:
+        raise _core.EmbeddingLengthMismatch(
+            expected=expected, received=marked, what=f"{message}: placeholder tokens in input_ids",
+            hint="the items' offsets and input_ids describe different prompts",
+        )
+
+
+def init_mm_embedding_cache(max_size: int = 0):
+    global embedding_cache
+    kind = MultiModalStaticCache if differences.own_storage else _core.SharedStorageCache
+    embedding_cache = kind(max_size)
+
+
+def get_embedding_chunk(
+    embedding: torch.Tensor,
+    extend_prefix_len: int,
+    extend_seq_len: int,
+    items_offset: list[tuple[int, int]],
+) -> tuple[torch.Tensor, int, int]:
+    return _core.get_embedding_chunk(embedding, extend_prefix_len, extend_seq_len, items_offset)
+
+
+def _get_precomputed_embedding(
+    items: list[MultimodalDataItem],
+    items_size: list[int],
+    prefix_length: list[int],
+    extend_length: list[int],
+    items_offset_list: list[list[tuple[int, int]]],
+) -> torch.Tensor | None:
+    """The chunk rows of a batch whose items all carry precomputed embeddings; None when
+    none does; a batch mixing both is refused (``PrecomputedEmbeddingError``)."""
+    n = min(len(items_size) - 1, len(prefix_length))
+    groups = [items[items_size[i]: items_size[i + 1]] for i in range(n)]
+    given = [item.precomputed_embeddings for group in groups for item in group
+             if item.precomputed_embeddings is not None]
+    if not given:
+        return None
+    extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(n)]
+    device = next((t.device for t in given if t.is_cuda), given[0].device)
+    rows = _core.packed_precomputed(groups, list(prefix_length[:n]), extends, list(items_offset_list[:n]), device)
+    if rows is None:  # no precomputed row falls in this chunk
+        return given[0].new_empty((0, given[0].shape[-1]), device=device)
+    return rows
+
+
+DataEmbeddingFunc = Callable[
+    [list[MultimodalDataItem]],
+    torch.Tensor | list[torch.Tensor] | EVSEmbeddingResult,
+]
+
+
+def _flatten_embedding_result(
+    embedding: torch.Tensor | list[torch.Tensor],
+) -> torch.Tensor:
+    if isinstance(embedding, list):
+        if not embedding:
+            raise _core.EncoderOutputError("the encoder returned an empty list; a per-item result holds one tensor per item")
+        flat = [e.reshape(-1, e.shape[-1]) for e in embedding]
+        return flat[0] if len(flat) == 1 else torch.cat(flat, dim=0)
+    return embedding
+
+
+def _embedding_token_count(embedding: torch.Tensor) -> int:
+    return embedding.reshape(-1, embedding.shape[-1]).shape[0]
+
+
+def _discard_mismatched_cached_embedding(
+    cache_key: int | None,
+    expected_token_count: int,
+    cached_token_count: int,
+) -> None:
+    # Operators and tests key on these fields: keep SGLang's wording.
+    logger.warning(
+        "Discarding cached multimodal embedding due to a token-count mismatch: "
+        "cache_key=%s, expected_tokens=%d, cached_tokens=%d. Recomputing embedding.",
+        cache_key,
+        expected_token_count,
+        cached_token_count,
+    )
+    embedding_cache.free(cache_key, None)
+
+
+# Bound encoder methods of these models move (and batch) their features themselves.
+_SELF_MOVING_ENCODERS = frozenset({
+    "Qwen3VLForConditionalGeneration",
+    "Qwen3VLMoeForConditionalGeneration",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+    "KimiK25ForConditionalGeneration",
+    "KimiK3ForConditionalGeneration",
+})
+
+
+def _can_skip_pre_embed_feature_move(data_embedding_func: DataEmbeddingFunc) -> bool:
+    owner = getattr(data_embedding_func, "__self__", None)
+    if owner is None or getattr(data_embedding_func, "__name__", None) not in ("get_image_feature", "get_video_feature"):
+        return False
+    return owner.__class__.__name__ in _SELF_MOVING_ENCODERS
+
+
+def _move_items_to_device(
+    items: list[MultimodalDataItem], device: torch.device
+) -> None:
+    _core.move_features_to(items, device)
+
+
+def _acknowledge_deferred_cuda_ipc_cache_hits(
+    items: list[MultimodalDataItem],
+) -> None:
+    _core.acknowledge_deferred_ipc(items, get_parallel())
+
+
+def _cached_whole(key: Any, expected_token_count: int) -> torch.Tensor | None:
+    """The cached embedding under ``key`` if it has the expected rows; a cached entry with
+    other rows is discarded (and logged) and None returned."""
+    cached = embedding_cache.get_single(key)
+    if cached is None:
+        return None
+    cached_token_count = _embedding_token_count(cached.embedding)
+    if cached_token_count != expected_token_count:
+        _discard_mismatched_cached_embedding(key, expected_token_count, cached_token_count)
+        return None
+    return cached.embedding
+
+
+def _encode_whole(data_embedding_func: DataEmbeddingFunc, misses: list[tuple[Any, int, int]],
+                  device: torch.device) -> list[torch.Tensor]:
+    """Whole embeddings of ``(item, start, end)`` cache misses, encoded in one planned step."""
+    items = [item for item, _, _ in misses]
+    if not _can_skip_pre_embed_feature_move(data_embedding_func):
+        _move_items_to_device(items, device)
+    return _core.encode_whole_items(data_embedding_func, misses, embedding_cache, _step_context(), device)
+
+
+def _item_rows(embedding: torch.Tensor, start: int, end: int, chunk_start: int, chunk_end: int) -> torch.Tensor:
+    """Rows of an item spanning ``[start, end]`` that fall in ``[chunk_start, chunk_end)``."""
+    return embedding[max(start, chunk_start) - start: min(end, chunk_end - 1) - start + 1]
+
+
+def _item_overlap(item: MultimodalDataItem, chunk_start: int, chunk_end: int) -> int | None:
+    """(SGLang 0.5.23) The item's token count if any of its runs meets ``[chunk_start, chunk_end)``."""
+    if any(end >= chunk_start and start < chunk_end for start, end in item.offsets):
+        return sum(end - start + 1 for start, end in item.offsets)
+    return None
+
+
+def _slice_item_chunk(emb: torch.Tensor, item: MultimodalDataItem, chunk_start: int, chunk_len: int) -> torch.Tensor:
+    """(SGLang 0.5.23) The rows of an item's embedding that fall in the chunk."""
+    return get_embedding_chunk(emb, chunk_start, chunk_len, item.offsets)[0]
+
+
+def _get_chunked_embedding_full(
+    data_embedding_func: DataEmbeddingFunc,
+    embedding_items_per_req: list[MultimodalDataItem],
+    items_offset: list[tuple[int, int]],
+    extend_prefix_len: int,
+    extend_seq_len: int,
+    input_ids: torch.Tensor,
+    device: torch.device,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One request's chunk rows from its combined embedding (all its items encoded in
+    one call and cached under the combined key); returns ``(rows, input_ids)``."""
+    item_hashes = [item.hash for item in embedding_items_per_req]
+    key = MultiModalStaticCache.combine_hashes(item_hashes)
+    expected = sum(end - start + 1 for start, end in items_offset)
+    result = embedding_cache.get(item_hashes)
+    if result is not None and not _is_evs(result):
+        cached_token_count = _embedding_token_count(result.embedding)
+        if cached_token_count != expected:
+            _discard_mismatched_cached_embedding(key, expected, cached_token_count)
+            result = None
+    if result is None:
+        if not _can_skip_pre_embed_feature_move(data_embedding_func):
+            _move_items_to_device(embedding_items_per_req, device)
+        output = data_embedding_func(embedding_items_per_req)
+        if isinstance(output, list):
+            output = _flatten_embedding_result(output)
+        if _is_evs(output):
+            result = output
+        else:
+            result = EmbeddingResult(embedding=_core.check_rows(output, expected, key, device))
+        embedding_cache.set(key, result)
+    else:
+        _acknowledge_deferred_cuda_ipc_cache_hits(embedding_items_per_req)
+    if _is_evs(result):
+        redistribute = getattr(result, "redistribute_pruned_frames_placeholders", None)
+        if redistribute is None:
+            raise _core.EncoderOutputError(
+                f"request key {key}: an EVS result reached the per-request path; call get_embedding_and_mask,"
+                " which moves the pruned video's placeholders"
+            )
+        input_ids, items_offset = redistribute(
+            input_ids, items_offset, item=embedding_items_per_req[0],
+            extend_prefix_len=extend_prefix_len, extend_seq_len=extend_seq_len,
+        )
+    rows, _, _ = get_embedding_chunk(result.embedding, extend_prefix_len, extend_seq_len, items_offset)
+    return rows, input_ids
+
+
+def _is_evs(value: Any) -> bool:
+    return getattr(value, "num_tokens_per_frame", None) is not None
+
+
+@dataclass
+class PerImageRequestInfo:
+    """One request of the per-image path: its items, their offsets and its chunk window."""
+
+    req_idx: int
+    items: list[MultimodalDataItem]
+    items_offset: list[tuple[int, int]]
+    extend_prefix_len: int
+    extend_seq_len: int
+    overlapping: list[tuple[int, MultimodalDataItem, int, int]] = field(
+        default_factory=list
+    )
+
+
+def _overlapping(items, items_offset, chunk_start: int, chunk_end: int) -> list:
+    return [(idx, item, start, end) for idx, (item, (start, end)) in enumerate(zip(items, items_offset))
+            if end >= chunk_start and start < chunk_end]
+
+
+def _batch_encode_per_image_misses(
+    data_embedding_func: DataEmbeddingFunc,
+    per_image_requests: list[PerImageRequestInfo],
+    device: torch.device,
+) -> dict[tuple[int | None, int], torch.Tensor]:
+    """Fills each request's ``overlapping`` and returns the whole embedding of every item
+    they overlap, keyed by ``(hash, token count)``: hits from the cache, the misses of all
+    requests encoded together and cached."""
+    hash_to_embedding: dict[tuple[int | None, int], torch.Tensor] = {}
+    misses: dict[tuple[int | None, int], tuple[Any, int, int]] = {}
+    hits = []
+    for req_info in per_image_requests:
+        chunk_start = req_info.extend_prefix_len
+        chunk_end = chunk_start + req_info.extend_seq_len
+        req_info.overlapping = (
+            _overlapping(req_info.items, req_info.items_offset, chunk_start, chunk_end)
+            if req_info.extend_seq_len > 0 else []
+        )
+        for _idx, item, start, end in req_info.overlapping:
+            cache_key = (item.hash, end - start + 1)
+            if cache_key in hash_to_embedding or cache_key in misses:
+                continue
+            cached = _cached_whole(item.hash, cache_key[1])
+            if cached is None:
+                misses[cache_key] = (item, start, end)
+            else:
+                hash_to_embedding[cache_key] = cached
+                hits.append(item)
+    if hits:
+        _acknowledge_deferred_cuda_ipc_cache_hits(hits)
+    if misses:
+        keys = list(misses)
+        for cache_key, embedding in zip(keys, _encode_whole(data_embedding_func, list(misses.values()), device)):
+            hash_to_embedding[cache_key] = embedding
+    return hash_to_embedding
+
+
+def _get_chunked_embedding_by_item(
+    data_embedding_func: DataEmbeddingFunc,
+    embedding_items_per_req: list[MultimodalDataItem],
+    items_offset: list[tuple[int, int]],
+    extend_prefix_len: int,
+    extend_seq_len: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """One request's chunk rows, its items encoded (on a miss) by themselves."""
+    if extend_seq_len <= 0:
+        return None
+    chunk_end = extend_prefix_len + extend_seq_len
+    overlapping = _overlapping(embedding_items_per_req, items_offset, extend_prefix_len, chunk_end)
+    if not overlapping:
+        return None
+    whole: dict[int, torch.Tensor] = {}
+    misses = []
+    for idx, item, start, end in overlapping:
+        cached = _cached_whole(item.hash, end - start + 1)
+        if cached is None:
+            misses.append((idx, item, start, end))
+        else:
+            whole[idx] = cached
+            _acknowledge_deferred_cuda_ipc_cache_hits([item])
+    if misses:
+        encoded = _encode_whole(data_embedding_func, [(item, start, end) for _, item, start, end in misses], device)
+        for (idx, _, _, _), embedding in zip(misses, encoded):
+            whole[idx] = embedding
+    return torch.cat([_item_rows(whole[idx], start, end, extend_prefix_len, chunk_end)
+                      for idx, _, start, end in overlapping], dim=0)
+
+
+def _assemble_per_image_chunk(
+    overlapping: list[tuple[int, MultimodalDataItem, int, int]],
+    hash_to_embedding: dict[tuple[int | None, int], torch.Tensor],
+    extend_prefix_len: int,
+    extend_seq_len: int,
+) -> torch.Tensor | None:
+    if not overlapping:
+        return None
+    chunk_end = extend_prefix_len + extend_seq_len
+    return torch.cat([
+        _item_rows(hash_to_embedding[(item.hash, end - start + 1)], start, end, extend_prefix_len, chunk_end)
+        for _idx, item, start, end in overlapping
+    ], dim=0)
+
+
+def _per_request_backend() -> bool:
+    return (_is_hip or _is_npu or _is_xpu) and not differences.batch_on_every_backend
+
+
+def _get_chunked_prefill_embedding(
+    data_embedding_func: DataEmbeddingFunc,
+    embedding_items: list[MultimodalDataItem],
+    items_size: list[int],
+    prefix_length: list[int],
+    extend_length: list[int],
+    items_offset_list: list[list[tuple[int, int]]],
+    input_ids: torch.Tensor,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Chunk rows of every request in request order: single-span items of all requests
+    batched into one encoding, requests with multi-span items per request."""
+    device = input_ids.device
+    per_image_requests = []
+    full_path_requests = []
+    chunks: list[tuple[int, torch.Tensor]] = []
+    for i in range(min(len(items_size) - 1, len(prefix_length))):
+        if items_size[i] == items_size[i + 1]:
+            continue
+        items_per_req = embedding_items[items_size[i]: items_size[i + 1]]
+        items_offset = items_offset_list[i]
+        if items_offset is None:
+            raise _core.EncoderOutputError(f"request {i}: items_offset_list holds None")
+        extend_prefix_len = prefix_length[i]
+        extend_seq_len = extend_length[i] if i < len(extend_length) else 0
+        if extend_seq_len <= 0 or all(end < extend_prefix_len for _, end in items_offset):
+            continue
+        req_info = PerImageRequestInfo(
+            req_idx=i, items=items_per_req, items_offset=items_offset,
+            extend_prefix_len=extend_prefix_len, extend_seq_len=extend_seq_len,
+        )
+        if not all(len(item.offsets) == 1 for item in items_per_req):
+            full_path_requests.append(req_info)
+        elif _per_request_backend():
+            chunk = _get_chunked_embedding_by_item(
+                data_embedding_func, items_per_req, items_offset, extend_prefix_len, extend_seq_len, device,
+            )
+            if chunk is not None:
+                chunks.append((i, chunk))
+        else:
+            per_image_requests.append(req_info)
+
+    hash_to_embedding = (
+        _batch_encode_per_image_misses(data_embedding_func, per_image_requests, device) if per_image_requests else {}
+    )
+    for req_info in per_image_requests:
+        chunk = _assemble_per_image_chunk(
+            req_info.overlapping, hash_to_embedding, req_info.extend_prefix_len, req_info.extend_seq_len,
+        )
+        if chunk is not None:
+            chunks.append((req_info.req_idx, chunk))
+    for req_info in full_path_requests:
+        chunk, input_ids = _get_chunked_embedding_full(
+            data_embedding_func, req_info.items, req_info.items_offset, req_info.extend_prefix_len,
+            req_info.extend_seq_len, input_ids, device,
+        )
+        if chunk is not None:
+            chunks.append((req_info.req_idx, chunk))
+    chunks.sort(key=lambda pair: pair[0])
+    if not chunks:
+        return None, input_ids
+    return torch.concat([chunk for _, chunk in chunks], dim=0), input_ids
+
+
+def _get_multimodal_mask(
+    input_ids: torch.Tensor, placeholder_tensor: torch.Tensor
+) -> torch.Tensor:
+    return _core.marked_placeholders(input_ids, placeholder_tensor)[0]
+
+
+def _count_mm_tokens_in_extend(
+    prefix_length: list[int],
+    extend_length: list[int],
+    items_offset_list: list[list[tuple[int, int]]],
+) -> int:
+    extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(len(prefix_length))]
+    return _core.count_mm_tokens_in_extend(prefix_length, extends, items_offset_list)
+
+
+def _adjust_embedding_length(
+    embedding: torch.Tensor,
+    num_mm_tokens_in_input_ids: int,
+    logger,
+) -> torch.Tensor:
+    """``embedding`` if it has one row per placeholder token; otherwise a typed error
+    (or, with ``differences.raise_on_count_mismatch`` off, SGLang's warning and crop)."""
+    rows = embedding.shape[0]
+    if rows == num_mm_tokens_in_input_ids:
+        return embedding
+    if differences.raise_on_count_mismatch:
+        raise _core.EmbeddingLengthMismatch(
+            expected=num_mm_tokens_in_input_ids, received=rows,
+            what="embedding rows for the placeholder tokens in input_ids",
+        )
+    # The count fields are SGLang's, for log searches that key on them.
+    logger.warning(
+        f"Multimodal embedding rows and placeholder tokens differ: "
+        f"Got {num_mm_tokens_in_input_ids} tokens in the text but {rows} tokens from multimodal embeddings."
+    )
+    if num_mm_tokens_in_input_ids > rows:
+        raise RuntimeError(
+            f"{rows} multimodal embedding rows for {num_mm_tokens_in_input_ids} placeholder tokens: too few to place"
+        )
+    if get_schedule().chunked_prefill_size != -1:
+        logger.warning("Dropping the first rows; a larger chunked_prefill_size (or no chunked prefill) avoids it")
+    if embedding.dim() == 2:
+        return embedding[-num_mm_tokens_in_input_ids:, :] if num_mm_tokens_in_input_ids else embedding[:0]
+    return embedding[-(num_mm_tokens_in_input_ids // embedding.shape[0]):, :]
+
+
+def get_embedding_and_mask(
+    data_embedding_func: DataEmbeddingFunc,
+    embedding_items: list[MultimodalDataItem],
+    placeholder_tensor: torch.Tensor,
+    input_ids: torch.Tensor,
+    items_size: list[int],
+    prefix_length: list[int],
+    extend_length: list[int],
+    items_offset_list: list[list[tuple[int, int]]],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """This chunk's embedding rows for one modality, the ``[N, 1]`` placeholder mask over
+    ``input_ids``, and ``input_ids`` (rewritten when an EVS video's placeholders moved);
+    ``(None, None, input_ids)`` when no placeholder of these items is in the chunk."""
+    if embedding_cache is None:
+        _warn_uncached()
+        init_mm_embedding_cache(0)
+    if _walk_call_graph(embedding_items, items_size, prefix_length):
+        return _get_embedding_and_mask_by_call_graph(
+            data_embedding_func, embedding_items, placeholder_tensor, input_ids, items_size,
+            prefix_length, extend_length, items_offset_list,
+        )
+    extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(len(prefix_length))]
+    return _core.fused_step(
+        data_embedding_func, list(embedding_items), placeholder_tensor, input_ids, list(items_size),
+        list(prefix_length), extends, list(items_offset_list), embedding_cache, _step_context(),
+        differences.raise_on_count_mismatch,
+    )
+
+
+def _get_embedding_and_mask_by_call_graph(
+    data_embedding_func, embedding_items, placeholder_tensor, input_ids, items_size,
+    prefix_length, extend_length, items_offset_list,
+):
+    original_input_ids = input_ids
+    num_mm_tokens_in_input_ids = _count_mm_tokens_in_extend(prefix_length, extend_length, items_offset_list)
+    embedding = _get_precomputed_embedding(
+        embedding_items, items_size, prefix_length, extend_length, items_offset_list
+    )
+    if embedding is None:
+        embedding, input_ids = _get_chunked_prefill_embedding(
+            data_embedding_func, embedding_items, items_size, prefix_length, extend_length,
+            items_offset_list, input_ids,
+        )
+        if embedding is None:
+            return None, None, input_ids
+    special_multimodal_mask = _get_multimodal_mask(input_ids, placeholder_tensor)
+    if input_ids is not original_input_ids:
+        # The EVS rewrite moved placeholders, so the offsets no longer count them.
+        num_mm_tokens_in_input_ids = int(special_multimodal_mask.sum().item())
+    else:
+        maybe_assert_sum(
+            special_multimodal_mask, num_mm_tokens_in_input_ids,
+            "placeholder tokens counted from the items' offsets",
+        )
+    embedding = _adjust_embedding_length(embedding, num_mm_tokens_in_input_ids, logger)
+    return embedding, special_multimodal_mask, input_ids
+
+
+# Names whose rebinding (by a test, a fork, a monkeypatch) must change get_embedding_and_mask's path.
+CALL_GRAPH_NAMES = (
+    "_is_hip", "_is_npu", "_is_xpu", "get_embedding_chunk", "_get_precomputed_embedding",
+    "_flatten_embedding_result", "_embedding_token_count", "_discard_mismatched_cached_embedding",
+    "_can_skip_pre_embed_feature_move", "_move_items_to_device", "_acknowledge_deferred_cuda_ipc_cache_hits",
+    "_get_chunked_embedding_full", "_batch_encode_per_image_misses", "_get_chunked_embedding_by_item",
+    "_assemble_per_image_chunk", "_get_chunked_prefill_embedding", "_get_multimodal_mask",
+    "_count_mm_tokens_in_extend", "_adjust_embedding_length", "maybe_assert_sum", "get_schedule",
+    "get_parallel", "init_mm_embedding_cache",
+)
+_ORIGINAL = {name: globals()[name] for name in CALL_GRAPH_NAMES}
+
+
+def _walk_call_graph(embedding_items, items_size, prefix_length) -> bool:
+    """True when a name of the call graph was rebound, when the cache is not mm_schedule's
+    own (a replacement object gets SGLang's API calls only), on a backend switched to
+    SGLang's per-request encoding, or for precomputed
+    embeddings (no encoder runs, and SGLang returns empty rows for a chunk without any).
+    False for a batch with an EVS video: mm_schedule's EVS path moves its placeholders."""
+    if _core.has_pruned_video(embedding_items, items_size, prefix_length):
+        return False
+    namespace = globals()
+    if any(namespace[name] is not original for name, original in _ORIGINAL.items()):
+        return True
+    if not isinstance(embedding_cache, MultiModalStaticCache) or _per_request_backend():
+        return True
+    return bool(embedding_items) and getattr(embedding_items[0], "precomputed_embeddings", None) is not None
+
+
+_warned_uncached = False
+
+
+def _warn_uncached() -> None:
+    global _warned_uncached
+    if not _warned_uncached:
+        _warned_uncached = True
+        logger.warning(
+            "get_embedding_and_mask: init_mm_embedding_cache was not called; using a cache of size 0,"
+            " so every chunk encodes its items again"
+        )

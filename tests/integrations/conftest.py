@@ -1,0 +1,81 @@
+"""Fixtures of the SGLang stand-in's tests: SGLang's real modules from its wheels (loaded
+once per session) and the assembly backend. Marker ``realworld`` on the tests that need
+a wheel: they skip when the package registry cannot be reached and no wheel is cached."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _process_module():
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import _sglang_process
+
+    return _sglang_process
+
+
+@pytest.fixture(scope="session")
+def sglang_releases():
+    """``version -> SGLangProcess``, each release loaded on first use."""
+    process = _process_module()
+    loaded: dict[str, object] = {}
+
+    def get(version: str):
+        if version not in loaded:
+            try:
+                loaded[version] = process.SGLangProcess(version)
+            except process.wheels.WheelUnavailable as exc:
+                pytest.skip(f"SGLang {version} wheel unavailable (registry unreachable?): {exc}")
+        return loaded[version]
+
+    return get
+
+
+def pytest_addoption(parser):
+    parser.addoption("--sglang-release", default="0.5.19",
+                     help="SGLang release whose modules (from its wheel) the stand-in is compared with")
+
+
+@pytest.fixture(scope="session")
+def sglang(sglang_releases, request):
+    """The real modules of SGLang ``--sglang-release`` (0.5.19 unless given; not
+    registered in ``sys.modules``: enter it for that)."""
+    return sglang_releases(request.config.getoption("--sglang-release", default="0.5.19"))
+
+
+@pytest.fixture
+def standin():
+    """The stand-in with a fresh cache and the single-process step context."""
+    from mm_schedule.integrations.sglang import standin as module
+
+    module.set_step_context(None)
+    module.embedding_cache = None
+    yield module
+    module.set_step_context(None)
+    module.embedding_cache = None
+
+
+@pytest.fixture(params=["torch", "triton"])
+def backend(request, monkeypatch):
+    from mm_schedule.kernels.trusted import forget_backend_choice
+
+    if request.param == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
+    forget_backend_choice()
+    yield request.param
+    monkeypatch.undo()
+    forget_backend_choice()
+
+
+@pytest.fixture(scope="session")
+def sglang_wheels():
+    """``benchmarks/_sglang_wheels``: downloads and reads SGLang's official wheels."""
+    return _process_module().wheels
