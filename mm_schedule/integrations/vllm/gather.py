@@ -29,6 +29,7 @@ the rows its item must have (``EmbeddingLengthMismatch`` names the request and t
 from __future__ import annotations
 
 import weakref
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import accumulate
@@ -95,6 +96,11 @@ def _runs_of(position, what: str) -> _EmbedRuns:
     return runs
 
 
+def _index(values: list[int]):
+    # An int64 tensor from Python ints by way of an array: several times faster than torch.tensor.
+    return torch.frombuffer(array("q", values), dtype=torch.int64) if values else torch.zeros(0, dtype=torch.int64)
+
+
 def _ints(values, n: int, what: str) -> list[int]:
     if isinstance(values, torch.Tensor) or hasattr(values, "tolist"):
         values = values.tolist()
@@ -108,38 +114,21 @@ class StepRows:
     """One step's multimodal rows, planned (see the module docstring). Build it with
     ``plan_rows`` (or the vLLM-shaped wrappers); it holds the encoder outputs it reads."""
 
-    __slots__ = (
-        "dtype",
-        "fused_dst",
-        "fused_rows",
-        "fused_src",
-        "fused_src_row",
-        "hidden",
-        "keys",
-        "n_rows",
-        "n_tokens",
-        "overlap",
-        "packed_rows",
-        "packed_src",
-        "packed_src_row",
-        "sources",
-    )
+    __slots__ = ("dtype", "fused", "hidden", "keys", "mixed", "n_rows", "n_tokens", "overlap", "packed", "sources")
 
     def __init__(self, n_tokens: int) -> None:
         self.n_tokens = n_tokens
         self.sources: list[Any] = []
         self.keys: list[str] = []
-        self.packed_src: list[int] = []
-        self.packed_src_row: list[int] = []
-        self.packed_rows: list[int] = []
-        self.fused_src: list[int] = []
-        self.fused_src_row: list[int] = []
-        self.fused_rows: list[int] = []
-        self.fused_dst: list[int] = []
+        # Segments, flat: (source, src_row, n_rows) in vLLM's order, and (source, src_row,
+        # n_rows, token_row); columns are slices of these lists.
+        self.packed: list[int] = []
+        self.fused: list[int] = []
         self.overlap: tuple[str, str, str] | None = None
         self.n_rows = 0
         self.hidden: int | None = None
         self.dtype = None
+        self.mixed = False
 
     @property
     def device(self):
@@ -158,23 +147,26 @@ class StepRows:
             out = torch.empty((self.n_rows, self.hidden), dtype=dtype or self.dtype, device=self.device)
         else:
             self._check_destination(out, self.n_rows, "out")
-        rows = list(accumulate(self.packed_rows, initial=0))
+        packed = self.packed
+        src, src_row, counts = packed[0::3], packed[1::3], packed[2::3]
+        rows = list(accumulate(counts, initial=0))
         rows.pop()
-        whole = self.n_rows if out.dtype == self.dtype and self._whole_in_order() else None
-        table = SegmentTable(self.packed_src, self.packed_src_row, self.packed_rows, rows, whole_sources_rows=whole)
+        whole = self.n_rows if not self.mixed and out.dtype == self.dtype and self._whole_in_order(src) else None
+        table = SegmentTable(src, src_row, counts, rows, whole_sources_rows=whole)
         copy_segments(self._sources_for(out.dtype), table, out)
         return out
 
     def is_mm_embed(self, *, device="cpu", pin_memory: bool = False):
         """vLLM's ``is_mm_embed``: a bool ``[n_tokens]`` mask, true at the token rows that
         take a multimodal row (the union of the ranges, as vLLM ORs them)."""
-        if not self.fused_dst:
+        if not self.fused:
             return torch.zeros(self.n_tokens, dtype=torch.bool, device=device, pin_memory=pin_memory)
         # +1 at every run's first row, -1 past its last; a running sum > 0 inside a run.
+        counts, rows = self.fused[2::4], self.fused[3::4]
         marks = torch.zeros(self.n_tokens + 1, dtype=torch.int32)
-        ones = torch.ones(len(self.fused_dst), dtype=torch.int32)
-        marks.index_add_(0, torch.tensor(self.fused_dst), ones)
-        marks.index_add_(0, torch.tensor(list(map(add, self.fused_dst, self.fused_rows))), ones, alpha=-1)
+        ones = torch.ones(len(rows), dtype=torch.int32)
+        marks.index_add_(0, _index(rows), ones)
+        marks.index_add_(0, _index(list(map(add, rows, counts))), ones, alpha=-1)
         mask = marks[:-1].cumsum_(0).gt_(0)
         if pin_memory:
             mask = mask.pin_memory()
@@ -197,19 +189,19 @@ class StepRows:
         if flat is None:
             raise KernelInputError(f"inputs_embeds must be [tokens, hidden], got shape {tuple(inputs_embeds.shape)}")
         self._check_destination(flat, self.n_tokens, "inputs_embeds")
-        table = SegmentTable(self.fused_src, self.fused_src_row, self.fused_rows, self.fused_dst)
+        fused = self.fused
+        table = SegmentTable(fused[0::4], fused[1::4], fused[2::4], fused[3::4])
         copy_segments(self._sources_for(flat.dtype), table, flat)
         return inputs_embeds
 
     # -- helpers --------------------------------------------------------------------
 
-    def _whole_in_order(self) -> bool:
+    def _whole_in_order(self, src: list[int]) -> bool:
         n = len(self.sources)
-        return len(self.packed_src) == n and self.packed_src == list(range(n)) and self.n_rows == sum(
-            s.shape[0] for s in self.sources)
+        return len(src) == n and src == list(range(n)) and self.n_rows == sum(s.shape[0] for s in self.sources)
 
     def _sources_for(self, dtype) -> list:
-        return self.sources if self.dtype is not None else one_dtype(self.sources, dtype)
+        return one_dtype(self.sources, dtype) if self.mixed else self.sources
 
     def _check_destination(self, dst, rows: int, what: str) -> None:
         if dst.dim() != 2 or dst.shape[0] < rows or dst.shape[1] != self.hidden:
@@ -265,9 +257,11 @@ def plan_rows(
     step = StepRows(n_tokens)
     source_of: dict[str, int] = {}
     sources, keys = step.sources, step.keys
-    p_src, p_row, p_n = step.packed_src, step.packed_src_row, step.packed_rows
-    f_src, f_row, f_n, f_dst = step.fused_src, step.fused_src_row, step.fused_rows, step.fused_dst
+    packed, fused = step.packed.extend, step.fused.extend
     get_output = encoder_outputs.get
+    expected: list[int] = []  # rows each source must have
+    users: list[str] = []  # the first request that reads it
+    n_rows = 0
     for i in range(n):
         count = scheduled[i]
         first = computed[i] + draft_lookahead
@@ -277,13 +271,14 @@ def plan_rows(
         features = mm_features[i]
         if not features:
             continue
-        lo = bisect_left(features, first + 1, key=_end)
-        hi = bisect_left(features, last, key=_offset)
+        # The window's features (vLLM's bisection; a window over the whole prompt needs none).
+        lo = 0 if first <= features[0].mm_position.offset else bisect_left(features, first + 1, key=_end)
+        hi = len(features) if features[-1].mm_position.offset < last else bisect_left(features, last, key=_offset)
         base = starts[i] - first  # token row of prompt position 0 of this request
         previous_offset, previous_end, previous_key = -1, -1, None
-        for feature in features[lo:hi]:
+        for feature in features[lo:hi] if lo or hi < len(features) else features:
             position = feature.mm_position
-            offset, length = position.offset, position.length
+            offset, length, is_embed = position.offset, position.length, position.is_embed
             key = feature.identifier
             if offset < previous_end:
                 if offset < previous_offset:
@@ -291,13 +286,13 @@ def plan_rows(
                         f"request {req_ids[i]!r}: mm_features are not sorted by offset ({previous_key!r} at"
                         f" {previous_offset} before {key!r} at {offset})")
                 step.overlap = step.overlap or (req_ids[i], previous_key, key)
-            previous_offset, previous_end, previous_key = offset, max(previous_end, offset + length), key
+            previous_offset, previous_key = offset, key
+            if offset + length > previous_end:
+                previous_end = offset + length
             a = first - offset if first > offset else 0
             b = last - offset if last - offset < length else length
-            is_embed = position.is_embed
             if is_embed is None:
                 rows_needed, ea, eb = length, a, b
-                runs = None
             else:
                 runs = _runs_of(position, f"request {req_ids[i]!r}, mm_hash {key!r}")
                 rows_needed = runs.rows
@@ -314,57 +309,70 @@ def plan_rows(
                         continue  # reached only through the look-ahead: vLLM leaves the text row
                     raise EncoderCacheMiss(request=req_ids[i], mm_hash=key, offset=offset, length=length)
                 source = source_of[key] = len(sources)
-                sources.append(_checked_output(step, output, rows_needed, req_ids[i], key))
+                sources.append(output)
                 keys.append(key)
-            elif sources[source].shape[0] != rows_needed:
-                raise EmbeddingLengthMismatch(expected=rows_needed, received=sources[source].shape[0],
-                                              request=req_ids[i], item_hash=key, what="encoder output rows")
-            p_src.append(source)
-            p_row.append(ea)
-            p_n.append(eb - ea)
-            row = base + offset
-            if runs is None:
-                f_src.append(source)
-                f_row.append(a)
-                f_n.append(b - a)
-                f_dst.append(row + a)
+                expected.append(rows_needed)
+                users.append(req_ids[i])
+            elif expected[source] != rows_needed:
+                raise EmbeddingLengthMismatch(expected=rows_needed, received=expected[source], request=req_ids[i],
+                                              item_hash=key, what="placeholder embedding count of a shared item")
+            n_rows += eb - ea
+            if is_embed is None:
+                packed((source, a, b - a))
+                fused((source, a, b - a, base + offset + a))
                 continue
+            packed((source, ea, eb - ea))
+            row = base + offset
             for r in range(r0, r1):
-                s = max(runs.starts[r], a)
-                e = min(runs.ends[r], b)
-                f_src.append(source)
-                f_row.append(runs.before[r] + s - runs.starts[r])
-                f_n.append(e - s)
-                f_dst.append(row + s)
-    step.n_rows = sum(p_n)
+                s = runs.starts[r] if runs.starts[r] > a else a
+                e = runs.ends[r] if runs.ends[r] < b else b
+                fused((source, runs.before[r] + s - runs.starts[r], e - s, row + s))
+    step.n_rows = n_rows
+    _check_outputs(step, expected, users)
     return step
 
 
-def _checked_output(step: StepRows, output, rows: int, request: str, key: str):
-    """One encoder output, checked against its item and the step's others once per step."""
-    if not isinstance(output, torch.Tensor) or output.dim() != 2:
-        shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-        raise KernelInputError(f"request {request!r}, mm_hash {key!r}: encoder output must be [rows, hidden], got {shape}")
-    if output.shape[0] != rows:
-        raise EmbeddingLengthMismatch(expected=rows, received=output.shape[0], request=request, item_hash=key,
-                                      what="encoder output rows", hint="rows for the true positions of is_embed"
-                                      if rows != output.shape[0] else "")
-    if step.hidden is None:
-        step.hidden, step.dtype = output.shape[1], output.dtype
-        first_device = output.device
-    else:
-        first_device = step.sources[0].device
-        if output.shape[1] != step.hidden:
-            raise KernelInputError(f"request {request!r}, mm_hash {key!r}: encoder output has hidden size"
-                                   f" {output.shape[1]}, the step's first has {step.hidden}")
-        if output.dtype != step.dtype:
-            step.dtype = None  # mixed: cast to the destination's dtype before copying
-    if output.device != first_device:
-        raise KernelInputError(f"request {request!r}, mm_hash {key!r}: encoder output is on {output.device},"
-                               f" the step's first on {first_device}")
-    if not output.is_floating_point():
-        raise KernelInputError(f"request {request!r}, mm_hash {key!r}: encoder output has dtype {output.dtype}")
-    return output if output.is_contiguous() else output.contiguous()
+def _check_outputs(step: StepRows, expected: list[int], users: list[str]) -> None:
+    """Every encoder output the step reads, checked once: ``[rows, H]`` with the rows its
+    item must have, one hidden size, one device, floating point, row-contiguous (others
+    are made contiguous). Mixed dtypes are cast to the destination's when copied."""
+    sources = step.sources
+    if not sources:
+        return
+    first = sources[0]
+    if not isinstance(first, torch.Tensor) or first.dim() != 2:
+        _bad_output(step, 0, users)
+    hidden, dtype, device = first.shape[1], first.dtype, first.device
+    promoted = dtype
+    for index, (output, rows) in enumerate(zip(sources, expected)):
+        shape = output.shape if isinstance(output, torch.Tensor) else None
+        if shape is None or len(shape) != 2 or shape[1] != hidden:
+            _bad_output(step, index, users, hidden)
+        if shape[0] != rows:
+            raise EmbeddingLengthMismatch(expected=rows, received=shape[0], request=users[index],
+                                          item_hash=step.keys[index], what="encoder output rows")
+        if output.dtype is not dtype:
+            if not output.is_floating_point():
+                _bad_output(step, index, users, hidden)
+            promoted = torch.promote_types(promoted, output.dtype)
+        if not output.is_contiguous():
+            sources[index] = output.contiguous()
+    if not first.is_floating_point():
+        _bad_output(step, 0, users, hidden)
+    index = first.get_device()
+    if any(o.get_device() != index for o in sources):
+        odd = next(i for i, o in enumerate(sources) if o.get_device() != index)
+        raise KernelInputError(f"request {users[odd]!r}, mm_hash {step.keys[odd]!r}: encoder output is on"
+                               f" {sources[odd].device}, the step's first on {device}")
+    step.hidden, step.dtype, step.mixed = hidden, promoted, promoted is not dtype or any(
+        o.dtype is not dtype for o in sources)
+
+
+def _bad_output(step: StepRows, index: int, users: list[str], hidden: int | None = None):
+    output = step.sources[index]
+    got = f"shape {tuple(output.shape)}, dtype {output.dtype}" if isinstance(output, torch.Tensor) else type(output).__name__
+    want = "[rows, hidden]" if hidden is None else f"[rows, {hidden}] floating point (the step's first output's hidden size)"
+    raise KernelInputError(f"request {users[index]!r}, mm_hash {step.keys[index]!r}: encoder output must be {want}, got {got}")
 
 
 # -- vLLM-shaped entry points -------------------------------------------------------------
