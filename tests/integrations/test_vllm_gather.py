@@ -87,7 +87,8 @@ def test_gather_mask_and_merges_match_the_per_position_reference(seed, dtype):
     rows, mask, merged = reference(reqs, outputs, text)
     step = plan(reqs, outputs)
     assert step.n_tokens == n_tokens and step.n_rows == (0 if rows is None else rows.shape[0])
-    assert torch.equal(step.is_mm_embed(), mask)
+    got_mask = step.is_mm_embed()
+    assert got_mask.dtype == torch.bool and torch.equal(got_mask, mask)
     if rows is not None:
         out = torch.full((rows.shape[0] + 3, 16), float("nan"), dtype=dtype)
         assert step.gather(out=out) is out
@@ -205,6 +206,8 @@ def test_drop_in_merge_refuses_a_count_mismatch_before_writing():
         vllm._merge_multimodal_embeddings(inputs, [torch.randn(2, 4), torch.randn(2, 4)], mask)
     assert isinstance(err.value, ValueError) and torch.equal(inputs, before)
     assert vllm._merge_multimodal_embeddings(inputs, [], mask) is inputs and torch.equal(inputs, before)
+    with pytest.raises(KernelInputError, match="bool mask, got dtype torch.int64"):
+        vllm._merge_multimodal_embeddings(inputs, [torch.randn(3, 4)], mask.long())
 
 
 def test_public_merge_by_placeholder_ids():
@@ -245,6 +248,7 @@ def test_v1_and_v2_shaped_entry_points_agree():
     big = [10**6] * len(reqs)
     rows_v2, mask_v2 = vllm.gather_mm_embeddings(cache, ids, n_tokens + 2, [r[3] for r in reqs], starts, big,
                                                  [r[2] for r in reqs])
+    assert mask_v1.dtype == mask_v2.dtype == torch.bool
     assert torch.equal(mask_v1, mask) and torch.equal(mask_v2[:n_tokens], mask) and mask_v2.shape[0] == n_tokens + 2
     for rows in (rows_v1, rows_v2):
         assert torch.equal(vllm._merge_multimodal_embeddings(text.clone(), rows, mask), merged)

@@ -167,7 +167,7 @@ class StepRows:
         ones = torch.ones(len(rows), dtype=torch.int32)
         marks.index_add_(0, _index(rows), ones)
         marks.index_add_(0, _index(list(map(add, rows, counts))), ones, alpha=-1)
-        mask = marks[:-1].cumsum_(0).gt_(0)
+        mask = marks[:-1].cumsum_(0) > 0
         if pin_memory:
             mask = mask.pin_memory()
         return mask if torch.device(device).type == "cpu" else mask.to(device, non_blocking=pin_memory)

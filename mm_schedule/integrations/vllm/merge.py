@@ -58,6 +58,9 @@ def _merge_multimodal_embeddings(inputs_embeds, multimodal_embeddings: Any, is_m
     installed_release_checked()
     if len(multimodal_embeddings) == 0:
         return inputs_embeds
+    if is_multimodal.dtype != torch.bool:
+        raise KernelInputError(f"is_multimodal must be a bool mask, got dtype {is_multimodal.dtype} (an integer"
+                               " tensor would index rows, not mask them)")
     sources: list = []
     _flatten(multimodal_embeddings, sources)
     starts, ends = mask_runs(is_multimodal)

@@ -200,6 +200,10 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a.contiguous()), _bits(b.contiguous()))
 
 
+def _same_mask(a, b) -> bool:
+    return a.dtype == b.dtype == torch.bool and torch.equal(a, b)
+
+
 def compare(code: VllmCode, case: Case) -> list[str]:
     """Every difference between vLLM's results and ours on ``case`` (empty: all match)."""
     problems: list[str] = []
@@ -213,7 +217,7 @@ def compare(code: VllmCode, case: Case) -> list[str]:
         return [f"{where}: vLLM {code.version} has neither gather"]
     theirs_list, theirs_mask = gathers[0][1]
     for name, (rows, mask) in gathers[1:]:  # vLLM's two runners agree with each other
-        if not torch.equal(mask, theirs_mask) or len(rows) != len(theirs_list):
+        if not _same_mask(mask, theirs_mask) or len(rows) != len(theirs_list):
             problems.append(f"{where}: vLLM's {name} differs from {gathers[0][0]}")
     theirs_rows = torch.cat(theirs_list) if theirs_list else torch.empty(0, case.hidden, dtype=case.dtype)
     expected = code.merge(case.text.clone(), theirs_list, theirs_mask)
@@ -224,7 +228,7 @@ def compare(code: VllmCode, case: Case) -> list[str]:
     packed = step.gather(out=poisoned)[: step.n_rows]
     if not _same(packed, theirs_rows):
         problems.append(f"{where}: gather() rows differ from vLLM's ({step.n_rows} vs {theirs_rows.shape[0]} rows)")
-    if not torch.equal(step.is_mm_embed(), theirs_mask):
+    if not _same_mask(step.is_mm_embed(), theirs_mask):
         problems.append(f"{where}: is_mm_embed() differs from vLLM's mask")
     fused = step.merge_into(case.text.clone())
     if not _same(fused, expected):
@@ -238,8 +242,10 @@ def compare(code: VllmCode, case: Case) -> list[str]:
     rows_v1, mask_v1 = ours_gather.gather_mm_embeddings_v1(*v1_state(case), case.outputs)
     for name, rows, mask in (("gather_mm_embeddings", rows_v2, mask_v2), ("gather_mm_embeddings_v1", rows_v1, mask_v1)):
         merged = ours_merge._merge_multimodal_embeddings(case.text.clone(), rows, mask)
-        if not (torch.equal(mask, theirs_mask) and _same(merged, expected)):
+        if not (_same_mask(mask, theirs_mask) and _same(merged, expected)):
             problems.append(f"{where}: {name} + merge differs from vLLM's")
+        if rows and not _same(code.merge(case.text.clone(), rows, mask), expected):
+            problems.append(f"{where}: vLLM's merge of our {name} differs from its merge of its own gather")
     return problems
 
 
