@@ -206,7 +206,7 @@ def test_drop_in_merge_refuses_a_count_mismatch_before_writing():
         vllm._merge_multimodal_embeddings(inputs, [torch.randn(2, 4), torch.randn(2, 4)], mask)
     assert isinstance(err.value, ValueError) and torch.equal(inputs, before)
     assert vllm._merge_multimodal_embeddings(inputs, [], mask) is inputs and torch.equal(inputs, before)
-    with pytest.raises(KernelInputError, match="bool mask, got dtype torch.int64"):
+    with pytest.raises(KernelInputError, match=r"bool mask, got dtype torch\.int64"):
         vllm._merge_multimodal_embeddings(inputs, [torch.randn(3, 4)], mask.long())
 
 

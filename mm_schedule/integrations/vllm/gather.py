@@ -38,6 +38,11 @@ from typing import Any
 
 import torch
 
+try:
+    import numpy as np  # vLLM depends on it; without it the mask is built with torch calls
+except ImportError:
+    np = None
+
 from ._engine import (
     EmbeddingLengthMismatch,
     InvalidItemError,
@@ -94,6 +99,9 @@ def _runs_of(position, what: str) -> _EmbedRuns:
             del _RUNS[key]
     _RUNS[id(is_embed)] = (weakref.ref(is_embed), runs)
     return runs
+
+
+_SLICES_UP_TO = 16  # runs written one slice each; more at once, vectorised
 
 
 def _index(values: list[int]):
@@ -163,11 +171,24 @@ class StepRows:
             return torch.zeros(self.n_tokens, dtype=torch.bool, device=device, pin_memory=pin_memory)
         # +1 at every run's first row, -1 past its last; a running sum > 0 inside a run.
         counts, rows = self.fused[2::4], self.fused[3::4]
-        marks = torch.zeros(self.n_tokens + 1, dtype=torch.int32)
-        ones = torch.ones(len(rows), dtype=torch.int32)
-        marks.index_add_(0, _index(rows), ones)
-        marks.index_add_(0, _index(list(map(add, rows, counts))), ones, alpha=-1)
-        mask = marks[:-1].cumsum_(0) > 0
+        if np is not None:
+            flat = np.zeros(self.n_tokens, dtype=np.bool_)
+            if len(rows) <= _SLICES_UP_TO:
+                for row, count in zip(rows, counts):
+                    flat[row : row + count] = True
+            else:
+                # Every covered row at once: run k's rows are arange(count) shifted to its first row.
+                n = np.asarray(counts, dtype=np.int64)
+                ends = np.cumsum(n)
+                flat[np.arange(int(ends[-1])) + np.repeat(np.asarray(rows, dtype=np.int64) - ends + n, n)] = True
+            mask = torch.from_numpy(flat)
+        else:
+            # +1 at every run's first row, -1 past its last; a running sum > 0 inside a run.
+            marks = torch.zeros(self.n_tokens + 1, dtype=torch.int32)
+            ones = torch.ones(len(rows), dtype=torch.int32)
+            marks.index_add_(0, _index(rows), ones)
+            marks.index_add_(0, _index(list(map(add, rows, counts))), ones, alpha=-1)
+            mask = marks[:-1].cumsum_(0) > 0
         if pin_memory:
             mask = mask.pin_memory()
         return mask if torch.device(device).type == "cpu" else mask.to(device, non_blocking=pin_memory)

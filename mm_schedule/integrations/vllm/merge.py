@@ -20,6 +20,11 @@ from typing import Any
 
 import torch
 
+try:
+    import numpy as np  # vLLM depends on it; without it the mask is read with torch calls
+except ImportError:
+    np = None
+
 from ._engine import (
     EmbeddingLengthMismatch,
     KernelInputError,
@@ -45,8 +50,14 @@ def _count_expression(sources: list) -> str:
 
 
 def mask_runs(is_multimodal) -> tuple[list[int], list[int]]:
-    """``(starts, ends)`` of the runs of true entries of a 1-D mask, half-open."""
-    mask = is_multimodal.reshape(-1).to(torch.int8)
+    """``(starts, ends)`` of the runs of true entries of a 1-D bool mask, half-open."""
+    mask = is_multimodal.reshape(-1)
+    if np is not None and mask.device.type == "cpu":
+        padded = np.zeros(mask.shape[0] + 2, dtype=np.int8)
+        padded[1:-1] = mask.numpy()
+        edges = np.diff(padded)
+        return np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()
+    mask = mask.to(torch.int8)
     edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
     if edges.device.type != "cpu":
         edges = edges.cpu()  # the one read-back of a device mask
