@@ -10,7 +10,7 @@ TORCH      := torch==2.13.0
 DEV_PINS   := triton==3.9.0 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
-.PHONY: setup demo test lint bench bench-sglang clean
+.PHONY: setup demo test lint bench bench-sglang bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile mm_schedule/_placeholder_set.c kernels/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench: setup
 # SGLang's own get_embedding_and_mask (official wheels) against ours, side by side.
 bench-sglang: setup
 	$(BIN)/python benchmarks/bench_vs_sglang.py
+
+# vLLM's own gather + merge (source files from the official wheel) against ours, side by side.
+bench-vllm: setup
+	$(BIN)/python benchmarks/bench_vs_vllm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

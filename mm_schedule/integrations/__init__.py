@@ -5,4 +5,5 @@ Each submodule imports its library when it is imported itself, never before:
 
 * ``mm_schedule.integrations.transformers``: Hugging Face transformers vision-language
   models (Qwen2-VL, Qwen2.5-VL, LLaVA, Gemma 3).
+* ``mm_schedule.integrations.vllm``: vLLM's model runner (its multimodal gather and merge).
 """
