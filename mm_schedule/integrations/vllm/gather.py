@@ -32,7 +32,7 @@ import weakref
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
 from operator import add
 from typing import Any
 
@@ -68,7 +68,7 @@ class _EmbedRuns:
     """An ``is_embed`` mask as runs of true positions: ``starts``, ``ends`` (relative to
     the range) and ``before`` (embedding rows of the runs before each)."""
 
-    __slots__ = ("before", "ends", "rows", "starts")
+    __slots__ = ("before", "counts", "ends", "rows", "starts")
 
     def __init__(self, is_embed, length: int, what: str) -> None:
         if not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length:
@@ -78,7 +78,8 @@ class _EmbedRuns:
         edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
         self.starts = edges.eq(1).nonzero().flatten().tolist()
         self.ends = edges.eq(-1).nonzero().flatten().tolist()
-        self.before = [0, *accumulate(map(int.__sub__, self.ends, self.starts))]
+        self.counts = list(map(int.__sub__, self.ends, self.starts))
+        self.before = [0, *accumulate(self.counts)]
         self.rows = self.before.pop()
 
 
@@ -344,6 +345,9 @@ def plan_rows(
                 continue
             packed((source, ea, eb - ea))
             row = base + offset
+            if a == 0 and b == length:  # the whole range: every run as it is, in C-level passes
+                fused(chain.from_iterable(zip(repeat(source), runs.before, runs.counts, map(row.__add__, runs.starts))))
+                continue
             for r in range(r0, r1):
                 s = runs.starts[r] if runs.starts[r] > a else a
                 e = runs.ends[r] if runs.ends[r] < b else b
