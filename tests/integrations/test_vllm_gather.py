@@ -279,3 +279,47 @@ def test_importing_the_integration_loads_neither_torch_nor_vllm():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert out.stdout.strip() == "[]"
+
+
+def test_without_numpy_the_mask_and_its_runs_come_from_torch(monkeypatch):
+    from mm_schedule.integrations.vllm import gather, merge
+
+    reqs, outputs = random_step(23)
+    text = torch.randn(sum(r[3] for r in reqs), 16)
+    _, mask, merged = reference(reqs, outputs, text)
+    with_numpy = plan(reqs, outputs)
+    monkeypatch.setattr(gather, "np", None)
+    monkeypatch.setattr(merge, "np", None)
+    step = plan(reqs, outputs)
+    assert torch.equal(step.is_mm_embed(), mask) and torch.equal(with_numpy.is_mm_embed(), mask)
+    rows = step.gather()
+    assert torch.equal(vllm._merge_multimodal_embeddings(text.clone(), [] if rows is None else [rows], mask), merged)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_the_kernel_writes_the_reference_rows(monkeypatch, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm device")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the kernels must be compiled for the GPU: run with TRITON_INTERPRET=0")
+    from mm_schedule.kernels.backend import refresh_backend
+
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
+    refresh_backend()
+    try:
+        for seed in range(5):
+            reqs, outputs = random_step(seed + 50, dtype)
+            text = torch.randn(sum(r[3] for r in reqs), 16).to(dtype)
+            rows, mask, merged = reference(reqs, outputs, text)
+            on_gpu = {k: v.cuda() for k, v in outputs.items()}
+            step = plan(reqs, on_gpu)
+            assert torch.equal(step.merge_into(text.cuda()).cpu(), merged)
+            if rows is not None:
+                out = torch.full((rows.shape[0], 16), float("nan"), dtype=dtype, device="cuda")
+                assert torch.equal(step.gather(out=out).cpu(), rows)
+                assert torch.equal(vllm._merge_multimodal_embeddings(text.cuda(), [rows.cuda()], mask).cpu(), merged)
+            torch.cuda.synchronize()
+    finally:
+        monkeypatch.undo()
+        refresh_backend()
