@@ -169,6 +169,9 @@ def test_malformed_placeholders_are_refused():
         vllm.plan_rows(["r"], [[feature("a", 5, 4), feature("b", 0, 4)]], [0], [10], outputs)
     with pytest.raises(InvalidItemError, match="is_embed must be a 1-D mask of the range's length 4"):
         vllm.plan_rows(["r"], [[feature("a", 0, 4, torch.ones(3, dtype=torch.bool))]], [0], [4], outputs)
+    for offset, length in ((-1, 4), (0, 0)):
+        with pytest.raises(InvalidItemError, match=rf"mm_hash 'a': placeholder range offset {offset}, length {length}"):
+            vllm.plan_rows(["r"], [[feature("a", offset, length)]], [0], [4], outputs)
     with pytest.raises(InvalidItemError, match="overlap the previous request"):
         vllm.plan_rows(["r", "s"], [[], []], [0, 0], [4, 4], outputs, query_start_loc=[0, 2])
     with pytest.raises(InvalidItemError, match="num_scheduled_tokens has 1 entries for 2 requests"):

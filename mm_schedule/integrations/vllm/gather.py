@@ -89,12 +89,12 @@ _RUNS: dict[int, tuple[Any, _EmbedRuns]] = {}
 _RUNS_LIMIT = 1 << 14
 
 
-def _runs_of(position, what: str) -> _EmbedRuns:
+def _runs_of(position, request: str, key: str) -> _EmbedRuns:
     is_embed = position.is_embed
     entry = _RUNS.get(id(is_embed))
     if entry is not None and entry[0]() is is_embed:
         return entry[1]
-    runs = _EmbedRuns(is_embed, position.length, what)
+    runs = _EmbedRuns(is_embed, position.length, f"request {request!r}, mm_hash {key!r}")
     if len(_RUNS) >= _RUNS_LIMIT:
         for key in [k for k, (ref, _) in _RUNS.items() if ref() is None] or list(_RUNS):
             del _RUNS[key]
@@ -123,15 +123,15 @@ class StepRows:
     """One step's multimodal rows, planned (see the module docstring). Build it with
     ``plan_rows`` (or the vLLM-shaped wrappers); it holds the encoder outputs it reads."""
 
-    __slots__ = ("dtype", "fused", "hidden", "keys", "mixed", "n_rows", "n_tokens", "overlap", "packed", "sources")
+    __slots__ = ("dtype", "fused", "hidden", "keys", "mixed", "n_rows", "n_tokens", "overlap", "sources")
 
     def __init__(self, n_tokens: int) -> None:
         self.n_tokens = n_tokens
         self.sources: list[Any] = []
         self.keys: list[str] = []
-        # Segments, flat: (source, src_row, n_rows) in vLLM's order, and (source, src_row,
-        # n_rows, token_row); columns are slices of these lists.
-        self.packed: list[int] = []
+        # Segments, flat: (source, src_row, n_rows, token_row) in vLLM's order (request, item,
+        # position), so the packed rows are the same segments one after another. Columns are
+        # slices of this list.
         self.fused: list[int] = []
         self.overlap: tuple[str, str, str] | None = None
         self.n_rows = 0
@@ -156,8 +156,8 @@ class StepRows:
             out = torch.empty((self.n_rows, self.hidden), dtype=dtype or self.dtype, device=self.device)
         else:
             self._check_destination(out, self.n_rows, "out")
-        packed = self.packed
-        src, src_row, counts = packed[0::3], packed[1::3], packed[2::3]
+        fused = self.fused
+        src, src_row, counts = fused[0::4], fused[1::4], fused[2::4]
         rows = list(accumulate(counts, initial=0))
         rows.pop()
         whole = self.n_rows if not self.mixed and out.dtype == self.dtype and self._whole_in_order(src) else None
@@ -278,12 +278,11 @@ def plan_rows(
     prefill = None if prefill_lens is None else _ints(prefill_lens, n, "prefill_lens")
     step = StepRows(n_tokens)
     source_of: dict[str, int] = {}
-    sources, keys = step.sources, step.keys
-    packed, fused = step.packed.extend, step.fused.extend
+    sources = step.sources
+    fused = step.fused.extend
     get_output = encoder_outputs.get
     expected: list[int] = []  # rows each source must have
-    users: list[str] = []  # the first request that reads it
-    n_rows = 0
+    users: list[int] = []  # the first request that reads it
     for i in range(n):
         count = scheduled[i]
         first = computed[i] + draft_lookahead
@@ -297,32 +296,31 @@ def plan_rows(
         lo = 0 if first <= features[0].mm_position.offset else bisect_left(features, first + 1, key=_end)
         hi = len(features) if features[-1].mm_position.offset < last else bisect_left(features, last, key=_offset)
         base = starts[i] - first  # token row of prompt position 0 of this request
-        previous_offset, previous_end, previous_key = -1, -1, None
+        previous_offset = previous_end = -1
         for feature in features[lo:hi] if lo or hi < len(features) else features:
             position = feature.mm_position
-            offset, length, is_embed = position.offset, position.length, position.is_embed
+            offset, length = position.offset, position.length
             key = feature.identifier
-            if offset < previous_end:
-                if offset < previous_offset:
-                    raise InvalidItemError(
-                        f"request {req_ids[i]!r}: mm_features are not sorted by offset ({previous_key!r} at"
-                        f" {previous_offset} before {key!r} at {offset})")
-                step.overlap = step.overlap or (req_ids[i], previous_key, key)
-            previous_offset, previous_key = offset, key
+            if offset < previous_end or offset < 0 or length <= 0:
+                _check_order(step, req_ids[i], features, feature, previous_offset)
+            previous_offset = offset
             if offset + length > previous_end:
                 previous_end = offset + length
             a = first - offset if first > offset else 0
             b = last - offset if last - offset < length else length
+            is_embed = position.is_embed
             if is_embed is None:
-                rows_needed, ea, eb = length, a, b
+                rows_needed = length
             else:
-                runs = _runs_of(position, f"request {req_ids[i]!r}, mm_hash {key!r}")
+                runs = _runs_of(position, req_ids[i], key)
                 rows_needed = runs.rows
-                r0, r1 = bisect_right(runs.ends, a), bisect_left(runs.starts, b)
-                if r0 >= r1:
-                    continue  # no embedding position in this window
-                ea = runs.before[r0] + max(a - runs.starts[r0], 0)
-                eb = runs.before[r1 - 1] + min(b, runs.ends[r1 - 1]) - runs.starts[r1 - 1]
+                whole = a == 0 and b == length
+                if not whole:
+                    r0, r1 = bisect_right(runs.ends, a), bisect_left(runs.starts, b)
+                    if r0 >= r1:
+                        continue  # no embedding position in this window
+                elif not rows_needed:
+                    continue
             source = source_of.get(key)
             if source is None:
                 output = get_output(key)
@@ -332,29 +330,42 @@ def plan_rows(
                     raise EncoderCacheMiss(request=req_ids[i], mm_hash=key, offset=offset, length=length)
                 source = source_of[key] = len(sources)
                 sources.append(output)
-                keys.append(key)
                 expected.append(rows_needed)
-                users.append(req_ids[i])
+                users.append(i)
             elif expected[source] != rows_needed:
                 raise EmbeddingLengthMismatch(expected=rows_needed, received=expected[source], request=req_ids[i],
                                               item_hash=key, what="placeholder embedding count of a shared item")
-            n_rows += eb - ea
             if is_embed is None:
-                packed((source, a, b - a))
                 fused((source, a, b - a, base + offset + a))
                 continue
-            packed((source, ea, eb - ea))
             row = base + offset
-            if a == 0 and b == length:  # the whole range: every run as it is, in C-level passes
+            if whole:  # the whole range: every run as it is, in C-level passes
                 fused(chain.from_iterable(zip(repeat(source), runs.before, runs.counts, map(row.__add__, runs.starts))))
                 continue
             for r in range(r0, r1):
                 s = runs.starts[r] if runs.starts[r] > a else a
                 e = runs.ends[r] if runs.ends[r] < b else b
                 fused((source, runs.before[r] + s - runs.starts[r], e - s, row + s))
-    step.n_rows = n_rows
+    step.n_rows = sum(step.fused[2::4])
+    step.keys = list(source_of)
+    users = [req_ids[u] for u in users]
     _check_outputs(step, expected, users)
     return step
+
+
+def _check_order(step: StepRows, request: str, features, feature, previous_offset: int) -> None:
+    """The slow path of the loop's one comparison: a malformed range raises, an item that
+    starts inside the previous one is recorded as an overlap (vLLM ORs their masks)."""
+    position = feature.mm_position
+    offset, length, key = position.offset, position.length, feature.identifier
+    if offset < 0 or length <= 0:
+        raise InvalidItemError(f"request {request!r}, mm_hash {key!r}: placeholder range offset {offset},"
+                               f" length {length} (an offset >= 0 and a length >= 1 are needed)")
+    previous = features[[id(f) for f in features].index(id(feature)) - 1]
+    if offset < previous_offset:
+        raise InvalidItemError(f"request {request!r}: mm_features are not sorted by offset ({previous.identifier!r} at"
+                               f" {previous_offset} before {key!r} at {offset})")
+    step.overlap = step.overlap or (request, previous.identifier, key)
 
 
 def _check_outputs(step: StepRows, expected: list[int], users: list[str]) -> None:
