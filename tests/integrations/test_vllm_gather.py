@@ -297,6 +297,7 @@ def test_without_numpy_the_mask_and_its_runs_come_from_torch(monkeypatch):
     assert torch.equal(step.is_mm_embed(), mask) and torch.equal(with_numpy.is_mm_embed(), mask)
     rows = step.gather()
     assert torch.equal(vllm._merge_multimodal_embeddings(text.clone(), [] if rows is None else [rows], mask), merged)
+    assert rows is not None and torch.equal(rows, with_numpy.gather())
 
 
 @pytest.mark.gpu

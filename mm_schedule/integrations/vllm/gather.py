@@ -158,6 +158,8 @@ class StepRows:
             self._check_destination(out, self.n_rows, "out")
         fused = self.fused
         src, src_row, counts = fused[0::4], fused[1::4], fused[2::4]
+        if len(src) > len(self.sources):
+            src, src_row, counts = _coalesced(src, src_row, counts)
         rows = list(accumulate(counts, initial=0))
         rows.pop()
         whole = self.n_rows if not self.mixed and out.dtype == self.dtype and self._whole_in_order(src) else None
@@ -351,6 +353,24 @@ def plan_rows(
     users = [req_ids[u] for u in users]
     _check_outputs(step, expected, users)
     return step
+
+
+def _coalesced(src: list[int], src_row: list[int], counts: list[int]):
+    """Packed segments with every run that continues the previous one's source rows merged
+    into it (an ``is_embed`` range's runs are consecutive encoder rows)."""
+    if np is not None:
+        s, r, n = (np.asarray(c, dtype=np.int64) for c in (src, src_row, counts))
+        starts = np.flatnonzero(np.concatenate(([True], (s[1:] != s[:-1]) | (r[1:] != r[:-1] + n[:-1]))))
+        return s[starts].tolist(), r[starts].tolist(), np.add.reduceat(n, starts).tolist()
+    out_s, out_r, out_n = [src[0]], [src_row[0]], [counts[0]]
+    for s, r, n in zip(src[1:], src_row[1:], counts[1:]):
+        if s == out_s[-1] and r == out_r[-1] + out_n[-1]:
+            out_n[-1] += n
+        else:
+            out_s.append(s)
+            out_r.append(r)
+            out_n.append(n)
+    return out_s, out_r, out_n
 
 
 def _check_order(step: StepRows, request: str, features, feature, previous_offset: int) -> None:
