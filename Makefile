@@ -10,7 +10,7 @@ TORCH      := torch==2.13.0
 DEV_PINS   := triton==3.9.0 numpy==2.4.6 libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0
 DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
-.PHONY: setup demo demo-checks test lint bench bench-sglang clean bench-sglang-host
+.PHONY: setup demo demo-checks test lint bench bench-sglang clean bench-sglang-host bench-vllm
 
 $(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c kernels/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench-sglang: setup
 # The same side by side with every tensor on the meta device: host overhead alone.
 bench-sglang-host: setup
 	$(BIN)/python benchmarks/bench_vs_sglang.py --host-overhead
+
+# vLLM's own gather + merge (source files from the official wheel) against ours, side by side.
+bench-vllm: setup
+	$(BIN)/python benchmarks/bench_vs_vllm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,336 @@
+"""vLLM's own multimodal gather and merge, loaded from the official wheel on CPU.
+
+``load_release("0.33.0")`` gives the real source of the few vLLM modules on the
+multimodal embedding path, executed with every other vLLM import stubbed:
+
+* ``vllm.multimodal.inputs`` (``PlaceholderRange``, ``MultiModalFeatureSpec``),
+* ``vllm.multimodal.utils`` (``get_mm_features_in_window``),
+* ``vllm.model_executor.models.utils`` (``_merge_multimodal_embeddings``, and
+  ``merge_multimodal_embeddings`` in the releases that still have it),
+* ``vllm.v1.worker.gpu.mm.encoder_runner`` (``EncoderRunner.gather_mm_embeddings``, the
+  model runner v2) and ``vllm.v1.worker.gpu_model_runner`` (``GPUModelRunner.
+  _gather_mm_embeddings``), where the release has them.
+
+The wheel is a third of a gigabyte, and these files are a few hundred kilobytes of it.
+They are read out of the wheel on the registry with HTTP range requests (the zip's
+central directory at the end of the file, then each member's bytes; zipfile checks
+every member's CRC), as pip's lazy wheel reads metadata, and kept in a folder of the
+wheel cache (``<cache>/vllm-<version>-src/``); later runs read that folder and need no
+network. A full wheel already in the cache is read instead of the registry; with
+``allow_full_download`` a registry that refuses range requests is answered by ``pip
+download --no-deps`` of the whole wheel, whose members are then extracted and the wheel
+deleted. No vLLM code lives in this repository.
+
+Everything the real modules import from ``vllm`` besides each other is a stub: loggers
+are ``logging`` loggers, ``PIN_MEMORY`` is False (a CPU process), a registration of a
+custom op does nothing, ``LazyLoader`` imports the module it names, and any other name
+is an import-only placeholder that raises if vLLM's code calls it on the measured path.
+While a release loads its modules are registered under their ``vllm.*`` names;
+afterwards every ``vllm`` entry is removed from ``sys.modules`` again (two releases can
+live side by side in one process).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import logging
+import subprocess
+import sys
+import types
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mm_schedule.codemods.derive import default_wheel_cache
+
+INDEX_URL = "https://pypi.org/simple"
+TIMEOUT_S = 60.0
+READ_AHEAD = 1 << 16  # bytes fetched at least per range request (zip headers come in small reads)
+
+# Executed from the wheel's own source, in import order (later ones import earlier ones);
+# a module missing from a release is skipped.
+REAL_MODULES = (
+    "vllm.multimodal.inputs",
+    "vllm.multimodal.utils",
+    "vllm.model_executor.models.utils",
+    "vllm.v1.worker.gpu.mm.encoder_runner",
+    "vllm.v1.worker.gpu_model_runner",
+)
+VERSION_MEMBER = "vllm/_version.py"
+MEMBERS = (*(m.replace(".", "/") + ".py" for m in REAL_MODULES), VERSION_MEMBER)
+MANIFEST = "MANIFEST.json"
+
+
+class WheelUnavailable(RuntimeError):
+    """Neither the cache nor the registry could provide the release's files."""
+
+
+# -- the source files ---------------------------------------------------------------------
+
+
+def source_dir(version: str, cache: Path | None = None) -> Path:
+    return (cache or default_wheel_cache()) / f"vllm-{version}-src"
+
+
+def extract_sources(version: str, cache: Path | None = None, *, allow_full_download: bool = False,
+                    index_url: str = INDEX_URL, timeout: float = TIMEOUT_S) -> Path:
+    """The folder holding the release's files of ``MEMBERS`` (those it has), from the cache
+    or read out of the wheel; see the module docstring."""
+    cache = cache or default_wheel_cache()
+    target = source_dir(version, cache)
+    if (target / MANIFEST).is_file():
+        return target
+    local = sorted(cache.glob(f"vllm-{version}-*.whl")) if cache.is_dir() else []
+    if local:
+        with zipfile.ZipFile(local[0]) as archive:
+            _extract(archive, local[0].name, target)
+        return target
+    try:
+        name, url = wheel_url(version, index_url, timeout)
+        with zipfile.ZipFile(RangeReader(url, timeout)) as archive:
+            _extract(archive, name, target)
+        return target
+    except (OSError, ValueError, zipfile.BadZipFile, urllib.error.URLError) as exc:
+        if not allow_full_download:
+            raise WheelUnavailable(f"cannot read vllm=={version} from {index_url}: {exc}") from exc
+    wheel = _pip_download(version, cache, timeout * 10)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            _extract(archive, wheel.name, target)
+    finally:
+        wheel.unlink(missing_ok=True)
+    return target
+
+
+def wheel_url(version: str, index_url: str = INDEX_URL, timeout: float = TIMEOUT_S) -> tuple[str, str]:
+    """``(file name, URL)`` of a wheel of ``vllm==version`` on a PEP 691 (JSON) index.
+    The Python files are the same in every platform's wheel; x86-64 Linux is preferred."""
+    request = urllib.request.Request(f"{index_url.rstrip('/')}/vllm/",
+                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        files = json.load(response)["files"]
+    wheels = [f for f in files if f["filename"].startswith(f"vllm-{version}-") and f["filename"].endswith(".whl")]
+    if not wheels:
+        raise ValueError(f"the index lists no wheel of vllm=={version}")
+    wheels.sort(key=lambda f: "x86_64" not in f["filename"])
+    return wheels[0]["filename"], wheels[0]["url"]
+
+
+class RangeReader:
+    """A read-only, seekable file over HTTP range requests, with one read-ahead buffer."""
+
+    def __init__(self, url: str, timeout: float = TIMEOUT_S) -> None:
+        self.url, self.timeout = url, timeout
+        self.requests = 0
+        request = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            if response.headers.get("Accept-Ranges", "").lower() != "bytes":
+                raise ValueError(f"{url} does not accept range requests")
+            self.size = int(response.headers["Content-Length"])
+        self.pos, self._start, self._buffer = 0, 0, b""
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = (offset, self.pos + offset, self.size + offset)[whence]
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        if not (self._start <= self.pos and self.pos + n <= self._start + len(self._buffer)):
+            end = min(self.size, self.pos + max(n, READ_AHEAD)) - 1
+            request = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end}"})
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                if response.status != 206:
+                    raise ValueError(f"{self.url} answered a range request with status {response.status}")
+                self._start, self._buffer = self.pos, response.read()
+            self.requests += 1
+        data = self._buffer[self.pos - self._start : self.pos - self._start + n]
+        self.pos += len(data)
+        return data
+
+
+def _extract(archive: zipfile.ZipFile, wheel_name: str, target: Path) -> None:
+    names = set(archive.namelist())
+    present = [m for m in MEMBERS if m in names]
+    if VERSION_MEMBER not in present or "vllm/model_executor/models/utils.py" not in present:
+        raise WheelUnavailable(f"{wheel_name} lacks the files this harness runs")
+    for member in present:
+        path = target / member
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(archive.read(member))  # zipfile raises on a CRC mismatch
+    # Written last: a folder without it is an interrupted extraction and is redone.
+    (target / MANIFEST).write_text(json.dumps({"wheel": wheel_name, "members": present}, indent=1) + "\n")
+
+
+def _pip_download(version: str, cache: Path, timeout: float) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--only-binary", ":all:", "-d", str(cache), f"vllm=={version}"]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        raise WheelUnavailable(f"pip could not download vllm=={version}: {exc}") from exc
+    found = sorted(cache.glob(f"vllm-{version}-*.whl"))
+    if proc.returncode != 0 or not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel appeared"]
+        raise WheelUnavailable(f"pip could not download vllm=={version}: {tail[0]}")
+    return found[0]
+
+
+# -- stubs --------------------------------------------------------------------------------
+
+
+class StubCalled(RuntimeError):
+    """vLLM code called a name the harness only provides so that imports succeed."""
+
+
+_loading = False
+
+
+class _PlaceholderType(type):
+    """Calling a placeholder raises, except while a release's modules execute: then a
+    decorator (``@stub`` or ``@stub(...)``) leaves the function it decorates unchanged,
+    so that class bodies and module-level definitions can run."""
+
+    def __call__(cls, *args, **kwargs):
+        if _loading:
+            if len(args) == 1 and not kwargs and callable(args[0]):
+                return args[0]
+            return lambda fn: fn
+        raise StubCalled(f"{cls.__module__}.{cls.__name__} is an import-only stub but was called")
+
+    def __getitem__(cls, _item):
+        return cls
+
+    def __getattr__(cls, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(cls.__module__, f"{cls.__name__}.{name}")
+
+
+def _placeholder(module: str, name: str) -> type:
+    # A class, so that vLLM modules may subclass it, subscript it or use it in annotations.
+    return _PlaceholderType(name, (), {"__module__": module})
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = _placeholder(self.__name__, name)
+        setattr(self, name, value)
+        return value
+
+
+def _lazy_loader(_local_name, _parent_globals, name):
+    return importlib.import_module(name)
+
+
+def _no_op(*_args, **_kwargs):
+    return None
+
+
+STUB_ATTRIBUTES: dict[str, dict[str, object]] = {
+    "vllm.logger": {"init_logger": logging.getLogger},
+    "vllm.utils.import_utils": {"LazyLoader": _lazy_loader},
+    "vllm.utils.torch_utils": {"PIN_MEMORY": False, "direct_register_custom_op": _no_op},
+    "vllm.utils.platform_utils": {"is_pin_memory_available": lambda: False},
+}
+
+
+@dataclass
+class Release:
+    """One vLLM release's real modules, by their ``vllm.*`` names."""
+
+    version: str
+    source: Path
+    wheel: str
+    modules: dict[str, types.ModuleType] = field(default_factory=dict)
+    stubbed: list[str] = field(default_factory=list)
+
+    @property
+    def inputs(self) -> types.ModuleType:
+        return self.modules["vllm.multimodal.inputs"]
+
+    @property
+    def models_utils(self) -> types.ModuleType:
+        return self.modules["vllm.model_executor.models.utils"]
+
+    @property
+    def encoder_runner(self) -> types.ModuleType | None:
+        return self.modules.get("vllm.v1.worker.gpu.mm.encoder_runner")
+
+    @property
+    def gpu_model_runner(self) -> types.ModuleType | None:
+        return self.modules.get("vllm.v1.worker.gpu_model_runner")
+
+
+class _SourceLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def __init__(self, root: Path, real: set[str]) -> None:
+        self.root = root
+        self.real = real
+        self.stubbed: list[str] = []
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "vllm" and not fullname.startswith("vllm."):
+            return None
+        is_package = fullname not in self.real
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
+
+    def create_module(self, spec):
+        if spec.name in self.real:
+            module = types.ModuleType(spec.name)
+        else:
+            module = _StubModule(spec.name)
+            module.__dict__.update(STUB_ATTRIBUTES.get(spec.name, {}))
+            self.stubbed.append(spec.name)
+        if spec.submodule_search_locations is not None:
+            module.__path__ = []  # submodules resolve through this finder
+        return module
+
+    def exec_module(self, module):
+        if module.__name__ not in self.real:
+            return
+        path = self.root / (module.__name__.replace(".", "/") + ".py")
+        module.__file__ = str(path)
+        module.__package__ = module.__name__.rpartition(".")[0]
+        exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+
+
+def load_release(version: str, cache: Path | None = None, *, allow_full_download: bool = False) -> Release:
+    """Fetch (if needed) and load one release's real modules; see the module docstring."""
+    root = extract_sources(version, cache, allow_full_download=allow_full_download)
+    manifest = json.loads((root / MANIFEST).read_text())
+    real = {m for m in REAL_MODULES if (root / (m.replace(".", "/") + ".py")).is_file()}
+    saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+    for k in saved:
+        del sys.modules[k]
+    release = Release(version=version, source=root, wheel=manifest["wheel"])
+    loader = _SourceLoader(root, real)
+    global _loading
+    sys.meta_path.insert(0, loader)
+    _loading = True
+    try:
+        for name in REAL_MODULES:
+            if name in real:
+                release.modules[name] = importlib.import_module(name)
+    finally:
+        _loading = False
+        sys.meta_path.remove(loader)
+        for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    release.stubbed = sorted(loader.stubbed)
+    return release
