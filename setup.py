@@ -11,7 +11,7 @@ EXTENSIONS = [
     # placeholder-token membership for the SGLang-compatible mask, in one pass
     Extension("mm_schedule._placeholder_set", ["mm_schedule/_placeholder_set.c"], optional=True),
     # a step's row copies in one call (streaming stores for large destinations)
-    Extension("mm_schedule.kernels._stream_copy", ["kernels/_stream_copy.c"], optional=True),
+    Extension("mm_schedule.kernels.segment_copy._stream_copy", ["kernels/segment_copy/_stream_copy.c"], optional=True),
 ]
 
 if __name__ == "__main__":

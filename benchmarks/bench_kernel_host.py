@@ -141,7 +141,7 @@ class GpuStandIn:
     """The CUDA layer's calls on CPU tensors (see the module docstring)."""
 
     def __init__(self):
-        from mm_schedule.kernels.table import StagingRing
+        from mm_schedule.kernels.segment_copy.table import StagingRing
 
         self.current_index = 0
         self.ring = StagingRing(
@@ -202,7 +202,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     driver.set_active(StubDriver())
-    from mm_schedule.kernels import backend, gather, segment_merge, trusted
+    from mm_schedule.kernels import backend
+    from mm_schedule.kernels.segment_copy import launch as gather
+    from mm_schedule.kernels.segment_copy import trusted
 
     backend.set_backend("triton")
     # The public path refuses CPU tensors without the interpreter; here they stand for GPU ones.
@@ -244,7 +246,7 @@ def main(argv=None) -> int:
         sources, segments, dest = images(n)
         case(
             f"merge_segments (checked), {n} image(s)",
-            lambda s=sources, g=segments, d=dest: segment_merge.merge_segments(s, g, d),
+            lambda s=sources, g=segments, d=dest: gather.merge_segments(s, g, d),
         )
         packed = torch.empty(n * ROWS_PER_IMAGE, HIDDEN, dtype=torch.bfloat16)
         packed_segments = [(i, 0, ROWS_PER_IMAGE, i * ROWS_PER_IMAGE) for i in range(n)]

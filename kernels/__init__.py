@@ -7,26 +7,35 @@
   for callers that only have ``input_ids``.
 - ``gather_segments_op`` / ``merge_segments_op``: the same copies as ``torch.library``
   custom ops, callable from a model compiled with ``torch.compile``.
+- ``copy_segments``, ``append_whole_sources``, ``first_overlap``: the scheduler's trusted
+  copy, its streaming CPU append, and the overlap test of its planner.
+
+The segment copy lives in ``segment_copy/`` (contract and checks, table, Triton kernel,
+launchers, host copy, trusted path, custom ops); the placeholder merge in
+``placeholder_merge.py``; launch configs in ``launch_config.py`` (heuristics) and
+``tuned_configs.py`` (per-GPU files); ``registry.py`` lists both kernels.
 
 Importing this package does not import torch or triton; they load on first use.
 """
 
-from .segments import Segment, check_segments, total_rows
+from .segment_copy.contract import Segment, check_segments, first_overlap, total_rows
 
 _LAZY = {
-    "gather_segments": "gather",
-    "gather_segments_ref": "gather",
-    "plan_segments": "gather",
-    "run_segments": "gather",
-    "SegmentPlan": "gather",
-    "merge_segments": "segment_merge",
+    "gather_segments": "segment_copy.launch",
+    "gather_segments_ref": "segment_copy.launch",
+    "plan_segments": "segment_copy.launch",
+    "run_segments": "segment_copy.launch",
+    "SegmentPlan": "segment_copy.launch",
+    "merge_segments": "segment_copy.launch",
+    "copy_segments": "segment_copy.trusted",
+    "append_whole_sources": "segment_copy.host_copy",
     "merge_by_placeholder_ids": "placeholder_merge",
     "embed_with_placeholders": "placeholder_merge",
-    "gather_segments_op": "custom_ops",
-    "merge_segments_op": "custom_ops",
+    "gather_segments_op": "segment_copy.custom_ops",
+    "merge_segments_op": "segment_copy.custom_ops",
 }
 
-__all__ = ["Segment", "check_segments", "total_rows", *_LAZY]
+__all__ = ["Segment", "check_segments", "first_overlap", "total_rows", *_LAZY]
 
 
 def __getattr__(name):

@@ -9,9 +9,10 @@ A config is a dict with exactly these keys:
 
 Which kernel a config is for, and what its ``n_rows`` counts, is in ``registry.py``.
 A config is used as given for the aligned variant; the unaligned one runs
-``unaligned_config(config)``. ``resolve_config`` is what the launchers call: the caller's
-config, else the tuned table for this GPU (``tuned_configs.get_config``), else
-``heuristic_config``.
+``unaligned_config(config)``. The launchers call ``tuned_configs.resolve_config``: the
+caller's config, else the tuned table for this GPU, else ``heuristic_config`` from here
+(this module imports neither ``tuned_configs`` nor the kernels: the chain runs one way,
+launch_config <- tuned_configs <- launchers).
 """
 
 from __future__ import annotations
@@ -100,16 +101,3 @@ def validate_config(config: dict) -> dict:
             f"kernel config num_stages={config['num_stages']!r} must be an int >= 1"
         )
     return {k: config[k] for k in CONFIG_KEYS}
-
-
-def resolve_config(
-    kernel: str, *, dtype, hidden: int, n_rows: int, device, config: dict | None = None
-) -> dict:
-    """The caller's config if given, else the tuned one for this GPU, else the heuristic."""
-    if config is not None:
-        return validate_config(config)
-    from .tuned_configs import get_config  # it imports this module
-
-    return validate_config(
-        get_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows, device=device)
-    )

@@ -42,8 +42,9 @@ from ..errors import EmbeddingLengthMismatch, GraphCaptureError, KernelInputErro
 from ._triton import HAS_TRITON, cast_to, tl, triton
 from .backend import select_backend
 from .dtypes import SUPPORTED_DTYPES, vector_width
-from .launch_config import resolve_config, unaligned_config
+from .launch_config import unaligned_config
 from .streams import layer
+from .tuned_configs import resolve_config
 
 KERNEL_NAME = "placeholder_merge"
 

@@ -1,9 +1,10 @@
-"""Every kernel in one table: its name, where its code lives, and what the tooling needs.
+"""Every kernel in one table: its name and where its runtime code lives.
 
 The name is the key of the tuned config tables (``configs/<name>/<device>.json``) and of
-``launch_config.get_config``. Everything else is named by dotted path and imported on
-first use, so reading this table loads neither torch, triton, nor the tooling in
-``tools/`` (which the runtime never imports).
+``tuned_configs.get_config``. The runtime module is named by dotted path and imported on
+first use, so reading this table loads neither torch nor triton. The tooling points down
+at this table, not the other way: ``tools.aot.SPEC_BUILDERS`` and ``tools.cases.CASES``
+are keyed by these names (the runtime never imports ``tools/``).
 """
 
 from __future__ import annotations
@@ -22,18 +23,10 @@ class KernelEntry:
     launchers: tuple[str, ...]  # public entry points that run the kernel
     reference: str  # plain-torch reference in ``module``: the CPU fallback and test oracle
     rows: str  # what ``n_rows`` in a config lookup counts for this kernel
-    aot_specs: str  # ``tools.aot`` function listing the compile-time variants
-    tuning_case: str  # ``tools.cases`` class timed by the tuner
 
     def jit(self):
         """The ``@triton.jit`` function (imports torch and triton)."""
         return _resolve(f"{self.module}:{self.jit_function}")
-
-    def spec_builder(self):
-        return _resolve(self.aot_specs)
-
-    def case_class(self):
-        return _resolve(self.tuning_case)
 
 
 def _resolve(path: str):
@@ -46,7 +39,7 @@ KERNELS = {
     for entry in (
         KernelEntry(
             name="segment_gather",
-            module="gather",
+            module="segment_copy.launch",
             jit_function="segment_copy_kernel",
             launchers=(
                 "plan_segments",
@@ -58,8 +51,6 @@ KERNELS = {
             ),
             reference="gather_segments_ref",
             rows="rows in the segment table; the dtype is the destination's",
-            aot_specs="tools.aot:segment_gather_specs",
-            tuning_case="tools.cases:GatherCase",
         ),
         KernelEntry(
             name="placeholder_merge",
@@ -68,8 +59,6 @@ KERNELS = {
             launchers=("merge_by_placeholder_ids", "embed_with_placeholders"),
             reference="merge_by_placeholder_ids_ref",
             rows="tokens in input_ids; the dtype is the output's",
-            aot_specs="tools.aot:placeholder_merge_specs",
-            tuning_case="tools.cases:PlaceholderMergeCase",
         ),
     )
 }

@@ -76,7 +76,7 @@ class CudaLayer:
         if ring is None:
             import torch
 
-            from .table import StagingRing
+            from .segment_copy.table import StagingRing
 
             ring = self._rings[device] = StagingRing(
                 lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),

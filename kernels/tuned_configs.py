@@ -266,3 +266,15 @@ def clear_cache() -> None:
     _config_dirs.cache_clear()
     _cached_config.cache_clear()
     _reported_misses.clear()
+
+
+def resolve_config(
+    kernel: str, *, dtype, hidden: int, n_rows: int, device, config: dict | None = None
+) -> dict:
+    """What a launcher runs: the caller's config if given, else the tuned one for this GPU,
+    else the heuristic."""
+    if config is not None:
+        return validate_config(config)
+    return validate_config(
+        get_config(kernel, dtype=dtype, hidden=hidden, n_rows=n_rows, device=device)
+    )

@@ -111,13 +111,13 @@ def aot_specs(
     variant = Variant(
         kernel, entry.jit(), dtype, src_dtype, hidden, aligned, config, vec if aligned else 1
     )
-    return entry.spec_builder()(variant)
+    return SPEC_BUILDERS[entry.name](variant)
 
 
 def segment_gather_specs(v: Variant) -> list[AotSpec]:
     """Both launch forms: through the segment table, and one segment passed as arguments."""
     from .._triton import tl_dtype
-    from ..gather import SEG_BLOCK
+    from ..segment_copy.kernel import SEG_BLOCK
 
     specs = []
     for one_segment in (False, True):
@@ -170,6 +170,9 @@ def placeholder_merge_specs(v: Variant) -> list[AotSpec]:
         name = f"{v.name}-{'lookup' if lookup_text else 'merge'}"
         specs.append(v.spec(name, signature, constexprs, divisible))
     return specs
+
+
+SPEC_BUILDERS = {"segment_gather": segment_gather_specs, "placeholder_merge": placeholder_merge_specs}
 
 
 # --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.tools.aot``) ---

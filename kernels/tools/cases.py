@@ -92,14 +92,14 @@ class GatherCase(Case):
         return sources, segments, out
 
     def launcher(self, buffers, config):
-        from ..gather import plan_segments, run_segments
+        from ..segment_copy.launch import plan_segments, run_segments
 
         sources, segments, out = buffers
         plan = plan_segments(sources, segments, out, config=config)
         return lambda: run_segments(plan, out)
 
     def check(self, config):
-        from ..gather import gather_segments_ref
+        from ..segment_copy.launch import gather_segments_ref
 
         sources, segments, out = self.sets[0]
         out.fill_(float("nan"))
@@ -159,3 +159,6 @@ def buffer_sets(shape: Shape, itemsize: int, device, cold_bytes: int) -> int:
         free, _ = torch.cuda.mem_get_info(device)
         wanted = min(wanted, max(1, free // 4 // per_set))
     return max(1, min(wanted, MAX_BUFFER_SETS))
+
+
+CASES = {"segment_gather": GatherCase, "placeholder_merge": PlaceholderMergeCase}

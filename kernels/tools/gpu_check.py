@@ -398,10 +398,11 @@ def _tune(args, out: Path, clock: Clock, step: Step, env: dict, summary: Summary
         step.status = "ok"
     if report.files:
         os.environ["MM_SCHEDULE_KERNEL_CONFIG_DIR"] = str(out / "tuned")
-        from .. import gather, tuned_configs
+        from .. import tuned_configs
+        from ..segment_copy import launch
 
         tuned_configs.clear_cache()
-        gather.clear_caches()
+        launch.clear_caches()
 
 
 def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:

@@ -272,7 +272,10 @@ def _tune_shape(
         configs = prune(space, shape, itemsize, warp_size)
     candidates = [heuristic] + [c for c in configs if c != heuristic]
     n_sets = buffer_sets(shape, itemsize, device, cold_bytes)
-    case_class = kernel_entry(kernel).case_class()
+    kernel_entry(kernel)
+    from .cases import CASES
+
+    case_class = CASES[kernel]
     case = case_class(shape, device, n_sets, item_rows, seed=hash((kernel, shape)) & 0xFFFF)
     result = ShapeResult(kernel=kernel, shape=shape, heuristic=heuristic)
     result.timings = [Timing(config=dict(config)) for config in candidates]

@@ -7,15 +7,11 @@ import pytest
 import torch
 
 from mm_schedule.errors import KernelInputError
-from mm_schedule.kernels import gather as gather_mod
 from mm_schedule.kernels.backend import refresh_backend, select_backend, set_backend, uses_triton
-from mm_schedule.kernels.gather import gather_segments
-from mm_schedule.kernels.launch_config import (
-    heuristic_config,
-    resolve_config,
-    unaligned_config,
-    validate_config,
-)
+from mm_schedule.kernels.launch_config import heuristic_config, unaligned_config, validate_config
+from mm_schedule.kernels.segment_copy import launch as gather_mod
+from mm_schedule.kernels.segment_copy.launch import gather_segments
+from mm_schedule.kernels.tuned_configs import resolve_config
 
 CPU = torch.device("cpu")
 
@@ -150,6 +146,6 @@ def test_lazy_attributes_are_kept_after_the_first_access():
         "assert 'gather_segments' not in vars(k); "
         "f = k.gather_segments; "
         "assert vars(k)['gather_segments'] is f is k.gather_segments; "
-        "from mm_schedule.kernels.gather import gather_segments; assert f is gather_segments"
+        "from mm_schedule.kernels.segment_copy.launch import gather_segments; assert f is gather_segments"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -4,7 +4,7 @@ torch's own conversion (round to nearest even), through the kernel."""
 import pytest
 import torch
 
-from mm_schedule.kernels.gather import gather_segments
+from mm_schedule.kernels.segment_copy.launch import gather_segments
 
 _F32_SPECIAL_BITS = [
     0x00000000, 0x80000000,  # +-0

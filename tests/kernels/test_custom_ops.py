@@ -5,7 +5,7 @@ import torch
 
 from mm_schedule.errors import SegmentError
 from mm_schedule.kernels import gather_segments_op, merge_segments_op
-from mm_schedule.kernels.gather import gather_segments_ref
+from mm_schedule.kernels.segment_copy.launch import gather_segments_ref
 
 
 def _case(helpers, seed, dtype=torch.bfloat16):

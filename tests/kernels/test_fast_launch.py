@@ -37,7 +37,8 @@ class Recording(bench._StubLauncher):
 stub = bench.StubDriver()
 stub.launcher_cls = Recording
 driver.set_active(stub)
-from mm_schedule.kernels import backend, gather
+from mm_schedule.kernels import backend
+from mm_schedule.kernels.segment_copy import launch as gather
 backend.set_backend("triton")
 jit_runs = []
 real_run = gather.segment_copy_kernel.run

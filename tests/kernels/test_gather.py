@@ -6,17 +6,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mm_schedule.errors import KernelInputError, SegmentError, SourceOverlapError
-from mm_schedule.kernels import gather as gather_mod
-from mm_schedule.kernels.gather import (
+from mm_schedule.kernels.segment_copy import launch as gather_mod
+from mm_schedule.kernels.segment_copy.contract import Segment
+from mm_schedule.kernels.segment_copy.launch import (
     gather_segments,
     gather_segments_ref,
     launch_trusted,
+    merge_segments,
     plan_segments,
     run_segments,
 )
-from mm_schedule.kernels.segment_merge import merge_segments
-from mm_schedule.kernels.segments import Segment
-from mm_schedule.kernels.table import count_tiles, grid_bound, table_words
+from mm_schedule.kernels.segment_copy.table import count_tiles, grid_bound, table_words
 
 FIXTURE_OK = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -115,7 +115,7 @@ def test_tuner_writes_after_every_shape(tmp_path, monkeypatch, no_shipped):
                 raise KeyboardInterrupt("killed during the second shape")
             super().__init__(shape, *rest, **kw)
 
-    monkeypatch.setattr(cases, "GatherCase", DiesOnSecondShape)
+    monkeypatch.setitem(cases.CASES, "segment_gather", DiesOnSecondShape)
     timings = tmp_path / "timings.json"
     with pytest.raises(KeyboardInterrupt):
         tune.tune(["segment_gather"], [Shape("float32", 32, 12), Shape("float32", 32, 20)],

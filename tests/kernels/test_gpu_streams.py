@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from mm_schedule.errors import GraphCaptureError
-from mm_schedule.kernels.gather import (
+from mm_schedule.kernels.segment_copy.launch import (
     gather_segments,
     gather_segments_ref,
+    merge_segments,
     plan_segments,
     run_segments,
 )
-from mm_schedule.kernels.segment_merge import merge_segments
-from mm_schedule.kernels.trusted import copy_segments
+from mm_schedule.kernels.segment_copy.trusted import copy_segments
 
 pytestmark = pytest.mark.gpu
 
@@ -145,3 +145,19 @@ def test_capture_refuses_the_per_call_api_and_replays_a_plan(gpu):
     graph.replay()
     torch.cuda.synchronize()
     assert _same(out, _expected(fresh, fresh_segments, rows, torch.bfloat16, gpu))
+
+
+def test_an_empty_step_with_a_fixed_grid_copies_nothing_and_the_context_survives(gpu):
+    sources, segments, rows = _problem(gpu, 11)
+    out = torch.randn(rows, sources[0].shape[1], device=gpu).to(torch.bfloat16)
+    before = out.clone()
+    plan = plan_segments(sources, [], out, capacity=256)
+    run_segments(plan, out)
+    torch.cuda.synchronize()  # an illegal address would surface here
+    assert _same(out, before)
+    plan.update(sources, segments)
+    run_segments(plan, out)
+    expected = before.clone()
+    gather_segments_ref(sources, segments, expected)
+    torch.cuda.synchronize()
+    assert _same(out, expected)

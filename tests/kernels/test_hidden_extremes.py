@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from mm_schedule.kernels import embed_with_placeholders, gather_segments, merge_segments
-from mm_schedule.kernels.gather import gather_segments_ref
 from mm_schedule.kernels.placeholder_merge import embed_with_placeholders_ref
+from mm_schedule.kernels.segment_copy.launch import gather_segments_ref
 
 
 @pytest.mark.parametrize("hidden", [64, 16384])

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from mm_schedule.kernels import host_copy
-from mm_schedule.kernels.host_copy import can_copy_bytes, copy_row_ranges
+from mm_schedule.kernels.segment_copy import host_copy
+from mm_schedule.kernels.segment_copy.host_copy import can_copy_bytes, copy_row_ranges
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8]
 

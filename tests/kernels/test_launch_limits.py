@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from mm_schedule.errors import SegmentError
-from mm_schedule.kernels import gather as gather_mod
 from mm_schedule.kernels.launch_config import TARGET_PROGRAMS, heuristic_config, row_bucket
-from mm_schedule.kernels.segments import INT32_MAX, check_segments
-from mm_schedule.kernels.trusted import copy_segments
+from mm_schedule.kernels.segment_copy import launch as gather_mod
+from mm_schedule.kernels.segment_copy.contract import INT32_MAX, check_segments
+from mm_schedule.kernels.segment_copy.trusted import copy_segments
 
 H200_SMS, MI300X_CUS = 132, 304
 

@@ -28,8 +28,13 @@ def test_every_entry_resolves_to_real_code(name):
     for launcher in entry.launchers:
         assert launcher in package.__all__, launcher
         assert callable(getattr(package, launcher))
-    assert issubclass(entry.case_class(), Case)
-    assert callable(entry.spec_builder())
+    from mm_schedule.kernels.tools.aot import SPEC_BUILDERS
+    from mm_schedule.kernels.tools.cases import CASES
+
+    # The tooling is keyed by the registry's names, every kernel in both tables.
+    assert set(CASES) == set(SPEC_BUILDERS) == set(registry.KERNEL_NAMES)
+    assert issubclass(CASES[name], Case)
+    assert callable(SPEC_BUILDERS[name])
     # The heuristic accepts exactly the registered names.
     assert set(heuristic_config(name, dtype=None, hidden=64, n_rows=1)) == {
         "BLOCK_M", "BLOCK_H", "num_warps", "num_stages",
@@ -74,3 +79,16 @@ def test_packaging_lists_every_kernel_package_and_the_tuner_entry_point():
     target = project["project"]["scripts"]["mm-schedule-tune"]
     module, _, function = target.partition(":")
     assert callable(getattr(__import__(module, fromlist=["_"]), function))
+
+
+def test_the_registry_names_no_tooling_and_the_config_chain_runs_one_way():
+    def imports(path):
+        return [line for line in (REPO / "kernels" / path).read_text().splitlines()
+                if line.lstrip().startswith(("import ", "from "))]  # fmt: skip
+
+    for entry in registry.KERNELS.values():
+        assert not any("tools" in str(v) for v in vars(entry).values()), entry
+    assert not any("tools" in line for line in imports("registry.py"))
+    # launch_config (heuristics) never imports tuned_configs, which imports it.
+    assert not any("tuned_configs" in line for line in imports("launch_config.py"))
+    assert any("launch_config" in line for line in imports("tuned_configs.py"))

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 from mm_schedule.errors import GraphCaptureError
-from mm_schedule.kernels import gather as gather_mod
-from mm_schedule.kernels import placeholder_merge, table
-from mm_schedule.kernels.fast_launch import LaunchSpec
-from mm_schedule.kernels.gather import gather_segments, plan_segments, run_segments
-from mm_schedule.kernels.segment_merge import merge_segments
-from mm_schedule.kernels.trusted import copy_segments
+from mm_schedule.kernels import placeholder_merge
+from mm_schedule.kernels.segment_copy import launch as gather_mod
+from mm_schedule.kernels.segment_copy import table
+from mm_schedule.kernels.segment_copy.fast_launch import LaunchSpec
+from mm_schedule.kernels.segment_copy.launch import (
+    gather_segments,
+    merge_segments,
+    plan_segments,
+    run_segments,
+)
+from mm_schedule.kernels.segment_copy.trusted import copy_segments
 
 SMALL = {"BLOCK_M": 2, "BLOCK_H": 64, "num_warps": 1, "num_stages": 1}
 

@@ -82,7 +82,7 @@ def test_tune_then_lookup_returns_the_fastest(tmp_path, monkeypatch):
 
     # And through the launcher, which resolves its config the same way when given none.
     from mm_schedule.kernels.backend import refresh_backend
-    from mm_schedule.kernels.gather import plan_segments
+    from mm_schedule.kernels.segment_copy.launch import plan_segments
 
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
     refresh_backend()
@@ -109,7 +109,7 @@ def test_wrong_config_is_reported_and_never_chosen(tmp_path, monkeypatch, capsys
 
             return corrupted
 
-    monkeypatch.setattr(cases, "GatherCase", CorruptingGather)
+    monkeypatch.setitem(cases.CASES, "segment_gather", CorruptingGather)
     out = tmp_path / "tuned"
     argv = [
         "--kernels",
@@ -198,7 +198,7 @@ def test_every_kernel_has_a_tuning_case():
     from mm_schedule.kernels.registry import KERNELS
 
     for entry in KERNELS.values():
-        assert issubclass(entry.case_class(), cases.Case), entry.name
+        assert issubclass(cases.CASES[entry.name], cases.Case), entry.name
 
 
 def test_module_entry_point_help():

@@ -29,9 +29,8 @@ from itertools import chain
 
 import torch
 
-from .gather import gather_segments
-from .segment_merge import merge_segments
-from .segments import SEGMENT_FIELDS
+from .contract import SEGMENT_FIELDS
+from .launch import gather_segments, merge_segments
 
 
 def _table(flat: Sequence[int]) -> list[tuple[int, ...]]:

@@ -1,25 +1,18 @@
-"""Segment gather: rows of many source tensors copied by one kernel launch.
+"""The segment copy's launchers: rows of many source tensors copied by one kernel launch.
 
 A segment ``(source, src_row, n_rows, dst_row)`` copies
 ``sources[source][src_row : src_row + n_rows]`` to ``dest[dst_row : dst_row + n_rows]``.
 The destination is either a packed ``[n_rows, H]`` buffer (``gather_segments``) or the
-text ``input_embeds`` itself (``segment_merge.merge_segments``); both run the kernel below.
+text ``input_embeds`` itself (``merge_segments``); both run ``kernel.segment_copy_kernel``.
 
 Equivalent PyTorch::
 
     for source, src_row, n_rows, dst_row in segments:
         dest[dst_row : dst_row + n_rows] = sources[source][src_row : src_row + n_rows].to(dest.dtype)
 
-How the kernel gets its rows: the table (``table.py``) holds the segments as given and
-the address of every source; program ``t`` finds the segment holding its tile of at most
-``BLOCK_M`` rows and copies it ``BLOCK_H`` columns per step. A single segment needs no
-table at all: its address and rows travel as launch arguments (``ONE_SEGMENT``).
-
-Loads through an address read from memory are scalar unless the cast pointer carries
-``tl.multiple_of``; the host proves 16-byte alignment (every source, the destination,
-and ``H * itemsize``) and then launches with ``VEC`` = elements per 16 bytes, passing the
-row length in vectors so its divisibility is structural. Anything else runs ``VEC=1``:
-correct, just narrower. Full tiles with ``H`` a multiple of ``BLOCK_H`` run unmasked.
+The table (``table.py``) holds the segments as given and the address of every source; a
+single segment needs no table at all: its address and rows travel as launch arguments
+(``ONE_SEGMENT``).
 
 Three ways in, one launch:
 
@@ -38,131 +31,20 @@ from typing import NamedTuple
 
 import torch
 
-from ..errors import GraphCaptureError, KernelInputError, SegmentError, SourceOverlapError
-from ._triton import HAS_TRITON, cast_to, tl, tl_dtype, triton
-from .backend import select_backend
-from .dtypes import SUPPORTED_DTYPES, vector_width
+from ...errors import GraphCaptureError, KernelInputError, SegmentError, SourceOverlapError
+from .._triton import tl_dtype
+from ..backend import select_backend
+from ..dtypes import SUPPORTED_DTYPES, vector_width
+from ..launch_config import row_bucket, unaligned_config
+from ..streams import layer
+from ..tuned_configs import resolve_config
+from .contract import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .fast_launch import LaunchSpec
-from .launch_config import resolve_config, row_bucket, unaligned_config
-from .segments import INT32_MAX, Segment, check_segments, check_tensors, total_rows
-from .streams import layer
+from .kernel import SEG_BLOCK, segment_copy_kernel
 from .table import build_table, count_tiles, grid_bound, table_size, table_words, upload
 
 KERNEL_NAME = "segment_gather"
-SEG_BLOCK = 64  # table entries each program scans per step while finding its segment
 
-if HAS_TRITON:
-
-    @triton.jit
-    def _copy_step(src_rows, dst_rows, h, rows_ok, hidden,
-                   MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr, BLOCK_H: tl.constexpr):
-        cols = (h + tl.arange(0, BLOCK_H))[None, :]
-        if MASK_COLS:
-            mask = rows_ok & (cols < hidden)
-        else:
-            mask = rows_ok
-        if MASK_ROWS or MASK_COLS:
-            x = tl.load(src_rows + cols, mask=mask)
-            tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty), mask=mask)
-        else:
-            x = tl.load(src_rows + cols)
-            tl.store(dst_rows + cols, cast_to(x, dst_rows.dtype.element_ty))
-
-    @triton.jit
-    def _copy_cols(src_rows, dst_rows, stop, rows_ok, hidden,
-                   MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr, BLOCK_H: tl.constexpr):
-        for h in range(0, stop, BLOCK_H):
-            _copy_step(src_rows, dst_rows, h, rows_ok, hidden, MASK_ROWS, MASK_COLS, BLOCK_H)
-
-    @triton.jit
-    def _copy_tile(src_rows, dst_rows, hidden, n_rows, EVEN_H: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
-        """Copy ``n_rows`` (at most ``BLOCK_M``) rows of ``hidden`` elements.
-
-        On AMD a masked store waits for every load in flight before it, an unmasked one
-        only for its own load; so a full tile copies its whole ``BLOCK_H`` steps without
-        masks, and only the last step of a row length that is not a multiple of
-        ``BLOCK_H`` (outside the loop) and the partial tiles are masked."""
-        rows_ok = (tl.arange(0, BLOCK_M) < n_rows)[:, None]
-        if n_rows == BLOCK_M:
-            if EVEN_H:
-                _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, False, False, BLOCK_H)
-            else:
-                full = hidden - hidden % BLOCK_H
-                _copy_cols(src_rows, dst_rows, full, rows_ok, hidden, False, False, BLOCK_H)
-                if full < hidden:
-                    _copy_step(src_rows, dst_rows, full, rows_ok, hidden, False, True, BLOCK_H)
-        elif EVEN_H:
-            _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, True, False, BLOCK_H)
-        else:
-            _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, True, True, BLOCK_H)
-
-    @triton.jit
-    def _find_segment(table_ptr, tile, n_segs, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
-        """The segment holding ``tile`` (``n_segs`` past the last tile) and the tile's first row in it."""
-        count = tile * 0
-        before = tile * 0
-        end = tile * 0
-        for start in range(0, n_segs, SEG_BLOCK):
-            idx = start + tl.arange(0, SEG_BLOCK)
-            ok = idx < n_segs
-            seg_rows = tl.load(table_ptr + 3 + idx * 4, mask=ok, other=0)
-            ends = end + tl.cumsum((seg_rows + BLOCK_M - 1) // BLOCK_M, 0)
-            done = ok & (ends <= tile)
-            count += tl.sum(done.to(tl.int64), 0)
-            before = tl.maximum(before, tl.max(tl.where(done, ends, 0), 0))
-            end = tl.max(tl.where(ok, ends, end), 0)
-        return count, (tile - before) * BLOCK_M
-
-    @triton.jit(do_not_specialize=["hidden_vecs", "seg_src", "seg_dst_row", "seg_rows"])
-    def segment_copy_kernel(
-        table_ptr,  # int64 table (table.py); None for ONE_SEGMENT launches
-        dst_ptr,
-        hidden_vecs,  # row length in units of VEC elements
-        seg_src,  # ONE_SEGMENT: address of the segment's first source row
-        seg_dst_row,  # ONE_SEGMENT: its first destination row
-        seg_rows,  # ONE_SEGMENT: its row count
-        SRC_DTYPE: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_H: tl.constexpr,
-        VEC: tl.constexpr,
-        EVEN_H: tl.constexpr,
-        ONE_SEGMENT: tl.constexpr,
-        SEG_BLOCK: tl.constexpr,
-    ):
-        tile = tl.program_id(0).to(tl.int64)
-        # A product with a constexpr: the compiler knows `hidden` is a multiple of VEC for
-        # every row length, which an integer argument only says when divisible by 16.
-        hidden = hidden_vecs.to(tl.int64) * VEC
-        if ONE_SEGMENT:
-            first = tile * BLOCK_M
-            src = seg_src.to(tl.pointer_type(SRC_DTYPE)) + first * hidden
-            dst_row = seg_dst_row + first
-            n_rows = tl.minimum(seg_rows - first, BLOCK_M)
-        else:
-            n_segs = tl.load(table_ptr)
-            seg, first = _find_segment(table_ptr, tile, n_segs, BLOCK_M, SEG_BLOCK)
-            # Programs past the last tile (every program of an empty table, which a plan
-            # with a fixed grid launches) read no record: each load below is masked.
-            live = seg < n_segs
-            record = table_ptr + 1 + seg * 4
-            source = tl.load(record, mask=live, other=0)
-            base = tl.load(table_ptr + 1 + n_segs * 4 + source, mask=live, other=0)
-            src_row = tl.load(record + 1, mask=live, other=0)
-            seg_n_rows = tl.load(record + 2, mask=live, other=0)
-            src = base.to(tl.pointer_type(SRC_DTYPE)) + (src_row + first) * hidden
-            dst_row = tl.load(record + 3, mask=live, other=0) + first
-            n_rows = tl.where(live, tl.minimum(seg_n_rows - first, BLOCK_M), 0)
-        if VEC > 1:
-            # The host checked 16-byte aligned sources; the cast pointer cannot say so itself.
-            src = tl.multiple_of(src, 16)
-        rows = tl.arange(0, BLOCK_M)[:, None].to(tl.int64)
-        src_rows = src + rows * hidden
-        dst_rows = dst_ptr + (dst_row + rows) * hidden
-        _copy_tile(src_rows, dst_rows, hidden, n_rows, EVEN_H, BLOCK_M, BLOCK_H)
-
-else:
-    segment_copy_kernel = None
 
 
 def gather_segments_ref(sources: Sequence, segments: Sequence[Segment], out) -> None:
@@ -384,6 +266,29 @@ def gather_segments(
         )
     copy_checked(sources, segments, out, config=config, what="gather_segments")
     return out
+
+
+def merge_segments(
+    sources: Sequence, segments: Sequence, input_embeds, *, config: dict | None = None
+):
+    """Write every segment into ``input_embeds`` (in place, cast to its dtype) and return it:
+    the fused merge, no packed intermediate buffer, no boolean mask, no host sync.
+
+    ``input_embeds`` is ``[tokens, H]`` (flattened over the batch); rows no segment names
+    keep their text embedding. A source sharing memory with ``input_embeds`` raises
+    ``SourceOverlapError``.
+
+    Equivalent PyTorch::
+
+        for s, r, n, d in segments:
+            input_embeds[d : d + n] = sources[s][r : r + n].to(input_embeds.dtype)
+
+    Not for CUDA-graph capture (``GraphCaptureError``): plan with
+    ``plan_segments(..., capacity=N)`` and ``input_embeds`` as the destination, then
+    capture ``run_segments``.
+    """
+    copy_checked(sources, segments, input_embeds, config=config, what="merge_segments")
+    return input_embeds
 
 
 # --- plan / run ------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from struct import Struct
 
 import torch
 
-from .segments import SEGMENT_FIELDS, Segment
+from .contract import SEGMENT_FIELDS, Segment
 
 try:
     from . import _stream_copy

@@ -1,0 +1,109 @@
+"""The scheduler's own way into the segment copy: tables it built and checked itself.
+
+The public launchers (``gather_segments``, ``merge_segments``) check every table and
+tensor, which costs more host time per step than the copy itself on a CPU. The
+scheduler's planner has already proved everything those checks look for, so it calls
+``copy_segments`` here instead, which trusts its arguments completely. Nothing outside
+the scheduler should call it: a wrong table here writes wrong rows or crashes.
+
+Which implementation runs is decided once per process from ``MM_SCHEDULE_KERNEL_BACKEND``
+and ``TRITON_INTERPRET`` (``kernels/backend.py``: read at the first call, not on every step); call
+``forget_backend_choice`` after changing either at runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from operator import add, le, sub
+
+import torch
+
+from ..backend import refresh_backend, uses_triton
+from .host_copy import can_copy_bytes, copy_row_ranges
+
+
+def forget_backend_choice() -> None:
+    """Make the next ``copy_segments`` read the backend environment variables again."""
+    refresh_backend()
+
+
+def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
+    """Copy ``sources[s][r : r + n]`` to ``dst[d : d + n]`` for every ``(s, r, n, d)`` and return ``dst``.
+
+    Trusted: ``sources`` are 2-D, row-contiguous, with ``dst``'s hidden size and on its
+    device; every segment lies inside its source and ``dst``; no two segments write
+    the same row. Rows are cast to ``dst``'s dtype. Nothing is checked.
+
+    A table may say it is one of the simplest ones: with a true attribute
+    ``whole_sources``, segment ``i`` is all of ``sources[i]`` (the torch path slices
+    nothing); with an attribute ``whole_sources_rows`` (an int), besides, the segments
+    fill ``dst`` rows ``[0, whole_sources_rows)`` in order, and the torch path copies
+    without reading the table.
+
+    Equivalent PyTorch::
+
+        for s, r, n, d in segments:
+            dst[d : d + n] = sources[s][r : r + n].to(dst.dtype)
+    """
+    if not segments:
+        return dst
+    if uses_triton(dst.device):
+        _triton_launcher()(sources, segments, dst)
+        return dst
+    return _copy_with_torch(sources, segments, dst)
+
+
+@functools.cache
+def _triton_launcher():
+    # Loaded on first use: the torch path must not import triton.
+    from .launch import launch_trusted
+
+    return launch_trusted
+
+
+def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
+    """The whole table in as few calls as the layout allows: one ``cat`` into ``dst``
+    when the segments fill consecutive rows in table order (the packed layout); else
+    (the fused layout, rows between placeholders left alone) byte copies on the CPU
+    (``host_copy``) or one ``_foreach_copy_`` into views of ``dst``. Whole sources are
+    passed as they are; only partial ones are sliced. The table is read a column at a
+    time (``segments.columns`` when it has them), so besides the slicing every pass over
+    it runs inside C builtins."""
+    whole_rows = getattr(segments, "whole_sources_rows", None)
+    if whole_rows is not None:
+        torch.cat(sources, out=dst if whole_rows == dst.shape[0] else dst[:whole_rows])
+        return dst
+    columns = getattr(segments, "columns", None)
+    source_of, first_row, counts, rows = columns if columns is not None else [list(c) for c in zip(*segments)]
+    ends = list(map(add, rows, counts))
+    consecutive = rows[1:] == ends[:-1]
+    if not consecutive and can_copy_bytes(sources, dst):
+        copy_row_ranges(sources, source_of, first_row, counts, rows, dst,
+                        whole_sources=getattr(segments, "whole_sources", False))
+        return dst
+    if getattr(segments, "whole_sources", False):
+        views = sources
+    else:
+        views = [src if r == 0 and n == src.shape[0] else src[r : r + n]
+                 for src, r, n in zip(map(sources.__getitem__, source_of), first_row, counts)]
+    if consecutive:
+        first, last = rows[0], ends[-1]
+        torch.cat(views, out=dst if first == 0 and last == dst.shape[0] else dst[first:last])
+        return dst
+    if not all(map(le, ends[:-1], rows[1:])):
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        views, rows, counts = ([column[i] for i in order] for column in (views, rows, counts))
+        ends = list(map(add, rows, counts))
+    # Views of dst cut at every segment boundary (the odd ones are the segments), a group
+    # at a time: a few hundred live views never set off a garbage collection.
+    for start in range(0, len(rows), _VIEWS_PER_GROUP):
+        stop = min(start + _VIEWS_PER_GROUP, len(rows))
+        sizes = [0] * (2 * (stop - start))
+        sizes[1::2] = counts[start:stop]
+        sizes[2::2] = map(sub, rows[start + 1 : stop], ends[start : stop - 1])  # the gaps between segments
+        torch._foreach_copy_(list(dst[rows[start] : ends[stop - 1]].split(sizes)[1::2]), views[start:stop])
+    return dst
+
+
+_VIEWS_PER_GROUP = 256
