@@ -44,7 +44,7 @@ out["license_files"] = dist.metadata.get_all("License-File") or []
 out["license_text"] = dist.read_text("licenses/LICENSE")
 out["py_typed"] = res.files("mm_schedule").joinpath("py.typed").is_file()
 out["subpackages"] = {n: getattr(mm_schedule, n).__file__ for n in ("kernels", "codemods", "integrations")}
-from mm_schedule.codemods.move_map import load_map
+from mm_schedule.codemods.movemap.schema import load_map
 out["map_module"] = load_map().new_module
 errors = {}
 for what in ("merge_chunk", "kernels.gather_segments"):

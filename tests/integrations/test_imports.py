@@ -12,7 +12,7 @@ STATEMENTS = [
     ("import mm_schedule.integrations, mm_schedule.integrations.sglang", set()),
     ("from mm_schedule import content_hash", set()),
     ("import mm_schedule; mm_schedule.kernels; mm_schedule.codemods", set()),
-    ("from mm_schedule.codemods.move_map import load_map; load_map()", set()),
+    ("from mm_schedule.codemods.movemap.schema import load_map; load_map()", set()),
     ("import mm_schedule.integrations.transformers", {"torch"}),
 ]
 HEAVY = ("torch", "transformers", "triton")

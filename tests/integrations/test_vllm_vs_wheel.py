@@ -126,7 +126,7 @@ def test_the_triton_kernel_path_matches_under_the_interpreter(monkeypatch):
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
     refresh_backend()
     launches = []
-    from mm_schedule.kernels import gather as kernel_gather
+    from mm_schedule.kernels.segment_copy import launch as kernel_gather
 
     real_launch = kernel_gather.launch_trusted
 

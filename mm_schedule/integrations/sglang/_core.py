@@ -68,7 +68,7 @@ def encode_whole_items(func: Any, entries: Sequence[tuple[Any, int, int]], cache
     expected = Expected(None, _device(device))
     # Acknowledging hits is the stand-in's own (patchable) function's job.
     context = dataclasses.replace(context, on_cache_hit=None)
-    plan, ranks = agree_across_ranks(plan, cache, expected, context)
+    plan, ranks = agree_across_ranks(plan, expected, context)
     tensors = prepare_rows(plan, func, cache, expected, move_features=False, ranks=ranks)
     source_of = dict(zip(plan.seg_request, plan.seg_source))
     return [tensors[source_of[i]] for i in range(n)]
@@ -130,19 +130,24 @@ class SharedStorageCache(EmbeddingCache):
 
     def insert(self, key: int, value: Any) -> bool:
         with self._lock:
-            return self._insert(key, _view_entry(value), ())
+            return self._insert(key, _view_entry(value, None), ())
 
-    def insert_many(self, entries, *, protect=()) -> int:
+    def insert_many(self, entries, *, protect=(), modalities=None) -> int:
         keep = set(protect)
+        pairs = list(entries)
+        mods = [None] * len(pairs) if modalities is None else list(modalities)
+        prepared = [(key, _view_entry(tensor, modality)) for (key, tensor), modality in zip(pairs, mods)]
         with self._lock:
-            return sum(self._insert(key, _view_entry(tensor), keep) for key, tensor in entries)
+            if modalities is not None:
+                self._check_layouts(prepared)
+            return sum(self._insert(key, entry, keep) for key, entry in prepared)
 
 
-def _view_entry(value: Any) -> tuple:
-    # Field order of the core cache's entries: tensor, rows, charged bytes, value, layout.
+def _view_entry(value: Any, modality: Any) -> tuple:
+    # Field order of the core cache's entries: tensor, rows, charged bytes, value, layout, modality.
     tensor = value if hasattr(value, "shape") else value.embedding
     given = None if hasattr(value, "shape") else value
     if tensor.requires_grad:
         tensor = tensor.detach()
     flat = tensor.reshape(-1, tensor.shape[-1])
-    return flat, flat.shape[0], tensor.untyped_storage().nbytes(), given, (flat.shape[1], flat.dtype, flat.device)
+    return flat, flat.shape[0], tensor.untyped_storage().nbytes(), given, (flat.shape[1], flat.dtype, flat.device), modality
