@@ -205,7 +205,8 @@ def _third_party_imports() -> set[str]:
     """Top-level modules the tests, the demo and the benchmarks import (statements and
     ``pytest.importorskip``) that are neither the standard library nor this repository's."""
     folders = [ROOT / "tests", ROOT / "examples", ROOT / "benchmarks"]
-    local = {"mm_schedule", "tests", "kernels", "codemods"}
+    # sglang and vllm are the peers the suite loads from their own wheels, never installed.
+    local = {"mm_schedule", "tests", "kernels", "codemods", "sglang", "vllm"}
     for folder in folders:
         local |= {p.stem for p in folder.rglob("*.py")} | {p.name for p in folder.rglob("*") if p.is_dir()}
     found = set()
