@@ -26,6 +26,8 @@ requests (EVS or not) share a batch, provided ``input_ids`` is exactly the liste
 requests' extend tokens; a window that misses the video neither encodes nor rewrites
 anything (the rewrite leaves the prompt outside the video as it was); every inconsistency
 is a typed error naming the request and item hash, never a crop or a host-side assert.
+With a process group the videos meet the ranks as planned items do (``ranks/videos.py``):
+hits and misses agreed, faults raised on every rank, the encoding shared out on request.
 Where ``input_ids`` cannot be rewritten (``embed_chunk``/``merge_chunk``, or a video
 without its prompt ids) an EVS result is refused (``EncoderOutputError``): its rows
 placed at the processor's positions would be silently wrong.
@@ -216,8 +218,11 @@ class _PrunedVideo:
                 f" {list(now) if now is not None else None}, but earlier chunks of this request were placed with"
                 f" {list(placed)}; an EVS encoder must prune one video the same way every time"
             )
+
+    def record_placement(self, counts: list[int] | None) -> None:
+        """Remember the frame counts this chunk was placed with (once the step succeeded)."""
         try:
-            setattr(self.item, _PLACED_WITH, now)
+            setattr(self.item, _PLACED_WITH, None if counts is None else tuple(counts))
         except AttributeError:  # an item that takes no attribute: nothing to compare with later
             pass
 
@@ -261,17 +266,22 @@ class _Resolved:
     hit: bool
 
 
-def _resolve(video: _PrunedVideo, encoder: Encoder, lookup: Callable | None, expected: Expected) -> _Resolved:
-    """Rows and frame counts of the video: from the cache (``lookup``, read-only) when a
-    valid entry is there, else from the encoder (validated; the caller caches it once the
-    whole step is valid). An unfit entry is named in ``expected.evict``."""
+def _cached(video: _PrunedVideo, lookup: Callable | None, expected: Expected) -> _Resolved | None:
+    """The video's valid cache entry (``lookup`` is read-only), or None. An unfit entry
+    (another video under a colliding key, a stale one) is named in ``expected.evict``."""
     cached = lookup(video.key) if lookup is not None else None
-    if cached is not None:
-        try:
-            counts = video.frame_tokens(cached)
-            return _Resolved(video.rows_of(cached, counts, expected), counts, True)
-        except (EmbeddingLengthMismatch, EncoderOutputError):
-            expected.evict.append(video.key)  # another video under a colliding key, or a stale entry: encode again
+    if cached is None:
+        return None
+    try:
+        counts = video.frame_tokens(cached)
+        return _Resolved(video.rows_of(cached, counts, expected), counts, True)
+    except (EmbeddingLengthMismatch, EncoderOutputError):
+        expected.evict.append(video.key)
+        return None
+
+
+def _encoded(video: _PrunedVideo, encoder: Encoder, expected: Expected) -> _Resolved:
+    """The video encoded and validated (the step caches it once the whole step is valid)."""
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
@@ -310,8 +320,6 @@ def get_embedding_and_mask(
     resolved one by one after them, the order SGLang calls the encoder in. The pruned
     videos are cached and their hits acknowledged only once the whole step is valid,
     placeholder count included (it can only be checked after the rewrite)."""
-    import torch
-
     n_requests = min(len(items_size) - 1, len(prefixes))
     pruned = set(pruned_video_requests(items, items_size, n_requests))
     device = input_ids.device
@@ -334,46 +342,161 @@ def get_embedding_and_mask(
 
     encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
     expected = Expected(packed.shape[-1] if packed is not None else None, device)
-    # A video shared by several requests is resolved once; the placeholder count is part
-    # of the key so that colliding hashes of different videos are never merged.
-    by_key: dict[tuple[int, int], _Resolved] = {}
-    hit_items = []
-    lookup = None if cache is None else cache.get_single
-    videos: dict[int, _PrunedVideo] = {}
+    ranks = None
+    if context.group is not None:
+        from .ranks.videos import (
+            video_ranks,  # loads torch.distributed: only for steps with a group
+        )
+
+        ranks = video_ranks(context)
+    step = _VideoStep(encoder, cache, expected, ranks)
     try:
-        for i in sorted(pruned):
-            video = _PrunedVideo(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
-            if not video.needs_encoder():
-                continue
-            found = by_key.get((video.key, video.placeholders))
-            if found is None:
-                found = by_key[video.key, video.placeholders] = _resolve(video, encoder, lookup, expected)
-            chunks[i] = video.chunk(found.rows, found.counts)
-            videos[i] = video
-            video.check_placement(found.counts)
-            if found.hit:
-                hit_items.append(video.item)
-        ids = _rewrite_windows(input_ids, chunks, extends, n_requests, videos)
-        pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
-        rows = mask = None
-        if pieces:
-            rows = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-            mask = checked_mask(ids, placeholder_tensor, rows.shape[0])
+        step.resolve([(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
+                      for i in sorted(pruned)])
+        ids, rows, mask = step.place(chunks, input_ids, placeholder_tensor, extends, n_requests)
     finally:
         update_cache(cache, evict=expected.evict)
-    update_cache(cache, insert=[(key, _cache_value(found)) for (key, _), found in by_key.items() if not found.hit])
+    update_cache(cache, insert=step.to_insert())
+    hit_items = step.hit_items()
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
     return rows, mask, ids
 
 
-def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: Sequence[int], n_requests: int,
-                     videos: dict[int, _PrunedVideo]) -> Any:
-    rewritten = {i: c.window for i, c in chunks.items() if c.window is not None}
-    if not rewritten:
-        return input_ids
-    import torch
+class _VideoStep:
+    """The EVS videos of one call, resolved in three phases (lookup, encode, place).
 
+    On one rank a failure raises where it happens. With a process group each phase ends
+    at a meeting point of the ranks (``mm_schedule.ranks.videos``): a local failure is
+    recorded and raised on every rank there, so the ranks encode the same videos, in the
+    same order, and either all change their caches or none does."""
+
+    def __init__(self, encoder: Encoder, cache: EmbeddingCache | None, expected: Expected, ranks: Any) -> None:
+        self.encoder, self.expected, self.ranks = encoder, expected, ranks
+        self.lookup = None if cache is None else cache.get_single
+        self.videos: dict[int, _PrunedVideo] = {}  # request -> its video, for windows that need one
+        # A video shared by several requests is resolved once; the placeholder count is part
+        # of the unit so that colliding hashes of different videos are never merged.
+        self.units: dict[tuple[int, int], _PrunedVideo] = {}
+        self.found: dict[tuple[int, int], _Resolved] = {}
+
+    def _local(self, work: Callable[..., Any], video: _PrunedVideo | None, *args: Any) -> bool:
+        """Run ``work``; with ranks, a failure is recorded for the next meeting point.
+        Returns whether it succeeded (always True on one rank: failures raise)."""
+        if self.ranks is not None and self.ranks.fault is not None:
+            return False
+        try:
+            work(*args)
+            return True
+        except Exception as exc:
+            if self.ranks is None:
+                raise
+            self.ranks.failed(exc, getattr(video, "index", None), getattr(video, "hash", None))
+            return False
+
+    def resolve(self, requests: Sequence[tuple]) -> None:
+        """Every unit's rows and frame counts, from the cache or the encoder."""
+        def check_and_look_up() -> None:
+            for index, request_items, prefix, extend, offsets in requests:
+                video = _PrunedVideo(index, request_items, prefix, extend, offsets)
+                if video.needs_encoder():
+                    self.videos[index] = video
+                    self.units.setdefault((video.key, video.placeholders), video)
+            for unit, video in self.units.items():
+                hit = _cached(video, self.lookup, self.expected)
+                if hit is not None:
+                    self.found[unit] = hit
+
+        self._local(check_and_look_up, None)
+        units = list(self.units)
+        if self.ranks is not None:
+            agreed = self.ranks.agree([k for k, _ in units], [n for _, n in units], [u not in self.found for u in units])
+            for unit, miss in zip(units, agreed):
+                if miss:
+                    self.found.pop(unit, None)  # held here but not everywhere: encoded again, like the others
+        misses = [u for u in units if u not in self.found]
+        owners = self.ranks.owners([n for _, n in misses]) if self.ranks is not None else [None] * len(misses)
+        mine = {}
+        for i, (unit, owner) in enumerate(zip(misses, owners)):
+            if owner is None or owner == self.ranks.group.rank:
+                if not self._local(self._encode, self.units[unit], self.units[unit], i, mine):
+                    break
+        if self.ranks is None or not misses:
+            self.found.update((misses[i], r) for i, r in mine.items())
+            return
+        shared = self.ranks.share_outputs(
+            owners, [n for _, n in misses], {i: (r.rows, r.counts) for i, r in mine.items()},
+            device=self.expected.device, check=lambda i, rows, counts: self._received(misses[i], rows, counts),
+        )
+        self.found.update((misses[i], _Resolved(rows, counts, False)) for i, (rows, counts) in shared.items())
+
+    def _encode(self, video: _PrunedVideo, i: int, into: dict[int, _Resolved]) -> None:
+        into[i] = _encoded(video, self.encoder, self.expected)
+
+    def _received(self, unit: tuple[int, int], rows: Any, counts: Any) -> Any:
+        video = self.units[unit]
+        return video.rows_of(rows, video.frame_tokens(_Counts(counts)), self.expected)
+
+    def place(self, chunks: dict[int, _Chunk], input_ids: Any, placeholder_tensor: Any, extends: Sequence[int],
+              n_requests: int) -> tuple[Any, Any, Any]:
+        """The rows of every window, ``input_ids`` rewritten, the checked mask."""
+        out: dict[str, Any] = {"ids": input_ids, "rows": None, "mask": None}
+        for index, video in self.videos.items():
+            if not self._local(self._place, video, video, index, chunks):
+                break
+        rewritten = {i: c.window for i, c in chunks.items() if c.window is not None}
+        if rewritten and self._local(self._check_windows, None, input_ids, rewritten, extends, n_requests, out):
+            out["ids"] = _rewritten(input_ids, rewritten, out["starts"])
+        self._local(self._check_mask, None, chunks, placeholder_tensor, out)
+        if self.ranks is not None:
+            self.ranks.finish()
+        for video in self.videos.values():
+            video.record_placement(self.found[video.key, video.placeholders].counts)
+        return out["ids"], out["rows"], out["mask"]
+
+    def _place(self, video: _PrunedVideo, index: int, chunks: dict[int, _Chunk]) -> None:
+        found = self.found[video.key, video.placeholders]
+        chunks[index] = video.chunk(found.rows, found.counts)
+        video.check_placement(found.counts)
+
+    def _check_windows(self, input_ids: Any, rewritten: dict[int, list[int]], extends: Sequence[int],
+                       n_requests: int, out: dict[str, Any]) -> None:
+        """The engine's tokens of every rewritten window against the processor's prompt
+        (read where they live: on a device this would wait for it); ``out["starts"]``:
+        the requests' starts in ``input_ids``."""
+        starts = out["starts"] = _request_starts(input_ids, rewritten, extends, n_requests)
+        if input_ids.device.type == "cpu":
+            flat = input_ids.reshape(-1)
+            for i in rewritten:
+                video = self.videos[i]
+                self._local(video.check_ids, video, flat[starts[i] : starts[i] + max(extends[i], 0)])
+
+    def _check_mask(self, chunks: dict[int, _Chunk], placeholder_tensor: Any, out: dict[str, Any]) -> None:
+        import torch
+
+        pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+        if pieces:
+            rows = out["rows"] = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            out["mask"] = checked_mask(out["ids"], placeholder_tensor, rows.shape[0])
+
+    def to_insert(self) -> list[tuple[int, Any]]:
+        return [(key, _cache_value(found)) for (key, _), found in self.found.items() if not found.hit]
+
+    def hit_items(self) -> list[Any]:
+        return [v.item for v in self.videos.values() if self.found[v.key, v.placeholders].hit]
+
+
+@dataclass
+class _Counts:
+    """Frame counts received from another rank, read by the same checks as an encoder's."""
+
+    num_tokens_per_frame: Any
+
+
+def _request_starts(input_ids: Any, rewritten: dict[int, list[int]], extend_length: Sequence[int],
+                    n_requests: int) -> list[int]:
+    """Where each request's tokens start in ``input_ids``, which must hold exactly the listed
+    requests' extend tokens for a window to be rewritten in place."""
     starts, total = [], 0
     for i in range(n_requests):
         starts.append(total)
@@ -384,10 +507,12 @@ def _rewrite_windows(input_ids: Any, chunks: dict[int, _Chunk], extend_length: S
             f"request {first}: EVS rewrites each request's tokens in input_ids, so input_ids must hold exactly"
             f" the listed requests' extend tokens ({total}); got {input_ids.numel()}"
         )
-    if input_ids.device.type == "cpu":  # read where it lives; on a device this would wait for it
-        flat = input_ids.reshape(-1)
-        for i in rewritten:
-            videos[i].check_ids(flat[starts[i] : starts[i] + max(extend_length[i], 0)])
+    return starts
+
+
+def _rewritten(input_ids: Any, rewritten: dict[int, list[int]], starts: Sequence[int]) -> Any:
+    import torch
+
     ids = input_ids.clone()
     for i, window in rewritten.items():
         ids[starts[i] : starts[i] + len(window)] = torch.tensor(window, dtype=ids.dtype, device=ids.device)

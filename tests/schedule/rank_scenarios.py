@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from helpers import HIDDEN, CountingEncoder, item_rows, truth  # on sys.path: see test_ranks.py
+from evs_inputs import EVSEncoder, Prompt, layout  # on sys.path: see test_ranks.py
+from helpers import HIDDEN, CountingEncoder, item_rows, truth
 
 import mm_schedule
 from mm_schedule import (
@@ -28,6 +29,8 @@ from mm_schedule import (
     merge_chunk,
     plan_step,
 )
+from mm_schedule.evs import EVSEmbeddingResult
+from mm_schedule.keys import combine_hashes
 
 ROW_BYTES = HIDDEN * 4
 POOL = list(range(1, 25))  # image hashes shared by all prompts; rows depend on the hash
@@ -366,6 +369,120 @@ def sglang_compat(rank: int, world: int, group, seed: int) -> dict:
     return {"outputs": outputs, "encoded": enc.items_encoded}
 
 
+# -- EVS videos (resolved outside the plan, agreed and settled like planned items) -----------
+
+EVS_CHUNK = 7
+
+
+def evs_prompts() -> list[Prompt]:
+    """Two EVS videos (one per request) and a plain multi-span video."""
+    rng = random.Random(77)
+    return [Prompt(rng, 60_001, frames=3), Prompt(rng, 60_002, frames=2), Prompt(rng, 60_003, frames=2, evs=False)]
+
+
+def evs_windows(prompts: list[Prompt], step: int) -> list[tuple[int, int]]:
+    at = step * EVS_CHUNK
+    return [(min(at, len(p.ids)), max(0, min(EVS_CHUNK, len(p.ids) - at))) for p in prompts]
+
+
+def evs_step_count(prompts: list[Prompt]) -> int:
+    return max(len(p.ids) for p in prompts) // EVS_CHUNK + 1
+
+
+def evs_key(p: Prompt) -> int:
+    return combine_hashes([p.video.hash])
+
+
+def evs_lose_step(prompts: list[Prompt]) -> int:
+    """A later chunk of the first video's request that still reads the video."""
+    spans = prompts[0].video.offsets
+    return next(s for s in range(1, evs_step_count(prompts))
+                if s * EVS_CHUNK <= spans[-1][1] and (s + 1) * EVS_CHUNK > spans[0][0])
+
+
+class FaultyEVSEncoder(EVSEncoder):
+    """While ``armed``: raises for the first video."""
+
+    armed = False
+
+    def __call__(self, items):
+        if self.armed and items[0].hash == 60_001:
+            raise RuntimeError("simulated EVS encoder crash")
+        return super().__call__(items)
+
+
+def _evs_call(enc, prompts, step, *, ids_of=None):
+    items, placeholders, ids, sizes, prefixes, extends, offsets = layout(prompts, evs_windows(prompts, step))
+    if ids_of is not None:
+        ids = ids_of(ids)
+    return mm_schedule.get_embedding_and_mask(enc, items, placeholders, ids, sizes, prefixes, extends, offsets)
+
+
+def _evs_held(prompts: list[Prompt]) -> dict:
+    cache = mm_schedule.sglang_compat.embedding_cache
+    out = {}
+    for p in prompts[:2]:
+        value = cache.get_single(evs_key(p)) if cache.has(evs_key(p)) else None
+        out[p.video.hash] = None if value is None else (value.embedding, list(value.num_tokens_per_frame))
+    return out
+
+
+def evs_steps(rank: int, world: int, group, *, parallel: bool) -> dict:
+    """Chunked prefill of EVS videos through SGLang's function. At one step the last rank's
+    cache has lost the first video and rank 0's holds an unfit entry for the second."""
+    prompts = evs_prompts()
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=parallel, on_cache_hit=None))
+    enc = EVSEncoder(prompts)
+    steps_out = []
+    try:
+        for step in range(evs_step_count(prompts)):
+            cache = mm_schedule.sglang_compat.embedding_cache
+            if step == evs_lose_step(prompts):
+                if rank == world - 1:
+                    cache.free(evs_key(prompts[0]))
+                if rank == 0:
+                    second = prompts[1]
+                    cache.set(evs_key(second), EVSEmbeddingResult(embedding=second.rows[:1].clone(), num_tokens_per_frame=[1]))
+            enc.calls.clear()
+            rows, mask, ids = _evs_call(enc, prompts, step)
+            steps_out.append({"rows": rows, "mask": mask, "ids": ids, "calls": list(enc.calls)})
+        return {"steps": steps_out, "held": _evs_held(prompts)}
+    finally:
+        mm_schedule.set_step_context(StepContext())
+
+
+def evs_faults(rank: int, world: int, group, *, parallel: bool, mode: str) -> dict:
+    """The first step of the EVS prompts fails on rank 1 only: its encoder raises
+    (``raise``) or its engine's input_ids differ from the processor's (``ids``); then
+    the same step again on every rank with nothing wrong."""
+    prompts = evs_prompts()
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=parallel, on_cache_hit=None))
+    enc = FaultyEVSEncoder(prompts)
+    record: dict = {"error": None}
+    try:
+        enc.armed = mode == "raise" and rank == 1
+
+        def corrupt(ids):
+            ids = ids.clone()
+            ids[1] += 1  # a text token of the first request's window
+            return ids
+
+        try:
+            _evs_call(enc, prompts, 0, ids_of=corrupt if mode == "ids" and rank == 1 else None)
+        except Exception as exc:
+            record["error"] = _error(exc)
+        record["held_after_fault"] = _evs_held(prompts)
+        enc.armed = False
+        enc.calls.clear()
+        rows, mask, ids = _evs_call(enc, prompts, 0)
+        record["after"] = {"rows": rows, "mask": mask, "ids": ids, "calls": list(enc.calls)}
+        return record
+    finally:
+        mm_schedule.set_step_context(StepContext())
+
+
 def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> dict:
     results = {}
     for parallel in (False, True):
@@ -376,6 +493,9 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
             )
         for mode in ("raise", "short", "hidden"):
             results[("faults", parallel, mode)] = faults(rank, world, group, parallel=parallel, mode=mode)
+        results[("evs", parallel)] = evs_steps(rank, world, group, parallel=parallel)
+        for mode in ("raise", "ids"):
+            results[("evs_faults", parallel, mode)] = evs_faults(rank, world, group, parallel=parallel, mode=mode)
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["bad_entry"] = bad_entry(rank, world, group)
     results["many_keys"] = many_keys(rank, world, group)

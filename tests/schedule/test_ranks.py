@@ -24,6 +24,7 @@ from mm_schedule.errors import RankCommunicationError, RankTimeoutError
 from mm_schedule.ranks.group import RankGroup
 from mm_schedule.ranks.shards import assign_shards, shares
 
+from .evs_inputs import naive_step
 from .helpers import HIDDEN, CountingEncoder, naive_reference
 
 HERE = Path(__file__).parent
@@ -287,3 +288,73 @@ def test_backend_failures_become_typed_errors(backend_text, expected):
     assert backend_text in str(info.value)
     assert isinstance(info.value.__cause__, RuntimeError)
 
+
+
+# -- EVS videos ------------------------------------------------------------------------------
+
+
+def _evs_reference(scenarios, step):
+    prompts = scenarios.evs_prompts()
+    return naive_step(prompts, scenarios.evs_windows(prompts, step))
+
+
+def _same_step(got, want) -> bool:
+    rows, mask, ids = want
+    if not torch.equal(got["ids"], ids):
+        return False
+    if rows is None:
+        return got["rows"] is None
+    return got["rows"] is not None and torch.equal(got["rows"], rows) and torch.equal(got["mask"], mask)
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["every-rank-encodes", "encoder-parallel"])
+def test_evs_videos_are_agreed_on_like_every_item(run, parallel):
+    """Every rank returns the single-process rows, mask and rewritten input_ids at every
+    step, although at one step one rank's cache lost a video and another's holds an unfit
+    entry: the ranks agree those videos are misses and encode them again, the same videos
+    in the same order on every rank (a tensor-parallel tower needs that), or each once by
+    its owner with encoder parallelism; afterwards every cache holds the right rows."""
+    world, scenarios, records = run
+    prompts = scenarios.evs_prompts()
+    lose = scenarios.evs_lose_step(prompts)
+    per_rank = [rec[("evs", parallel)] for rec in records]
+    evs_hashes = {p.video.hash for p in prompts if p.evs}
+    for step in range(scenarios.evs_step_count(prompts)):
+        want = _evs_reference(scenarios, step)
+        for rank in range(world):
+            assert _same_step(per_rank[rank]["steps"][step], want), (step, rank)
+        calls = [[c for c in per_rank[rank]["steps"][step]["calls"] if c[0] in evs_hashes] for rank in range(world)]
+        if not parallel:
+            assert all(c == calls[0] for c in calls), (step, calls)
+            encoded = calls[0]
+        else:
+            encoded = [c for rank_calls in calls for c in rank_calls]
+            assert len(encoded) == len({c[0] for c in encoded})  # each video by one rank only
+        if step == lose:  # lost on one rank, unfit on another: encoded again
+            assert sorted(c[0] for c in encoded) == [60_001, 60_002]
+        if step > lose:
+            assert encoded == []
+    for rec in per_rank:
+        for p in prompts[:2]:
+            rows, counts = rec["held"][p.video.hash]
+            assert torch.equal(rows, p.rows) and counts == p.kept
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["every-rank-encodes", "encoder-parallel"])
+@pytest.mark.parametrize("mode", ["raise", "ids"])
+def test_an_evs_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel, mode):
+    """An EVS encoder crash, or input_ids that differ from the processor's prompt, on rank
+    1 only: every rank raises the same RankFaultError naming rank 1, the request and the
+    video, no rank caches a video of the step, and the step then runs on every rank."""
+    _world, scenarios, records = run
+    seen = [rec[("evs_faults", parallel, mode)] for rec in records]
+    errors = [s["error"] for s in seen]
+    assert all(e is not None and e["type"] == "RankFaultError" for e in errors), errors
+    assert all(e == errors[0] for e in errors)
+    error = errors[0]
+    assert error["rank"] == 1 and error["request"] == 0 and error["item_hash"] == 60_001
+    assert ("simulated EVS encoder crash" if mode == "raise" else "input_ids differ") in error["message"]
+    want = _evs_reference(scenarios, 0)
+    for s in seen:
+        assert s["held_after_fault"] == {60_001: None, 60_002: None}
+        assert _same_step(s["after"], want)
