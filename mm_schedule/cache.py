@@ -13,6 +13,8 @@ step's lookups touch no tensor. A step looks up all its keys under one lock
 Accounting charges what an entry really keeps alive: the bytes of its tensor's
 *storage*. A view whose storage is larger than its payload (a slice of a batched
 encoder output) is cloned first, so caching one image never pins a whole batch.
+``share_storage=True`` keeps every tensor as given instead (SGLang's rule, for its
+behaviour on request): a view pins, and is charged for, the whole output it came from.
 
 Inserting under a key that is present replaces the value and refreshes its recency
 (SGLang keeps the old value; replacing is what re-encoding a discarded entry wants).
@@ -20,7 +22,8 @@ An entry larger than the whole budget is rejected without evicting anything.
 
 What a modality's entries look like is the cache's to know, not the step's to guess: the
 hidden size and dtype of each modality are declared by the caller (``hidden_sizes=``,
-``dtypes=``) or learned from the entries held, and ``insert_many`` refuses, under its
+``dtypes=``) or learned from the first entry of the modality and kept (evicting every
+entry of a modality does not forget it; ``clear()`` does), and ``insert_many`` refuses, under its
 lock, a batch whose tensors disagree (``CacheLayoutError``, nothing inserted or evicted).
 So a faulty encoder output cannot poison the cache, whichever item happens to come first.
 
@@ -131,8 +134,9 @@ def _is_dtype(v: Any) -> bool:
     return type(v).__name__ == "dtype" and getattr(v, "is_floating_point", False)
 
 
-def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = False) -> tuple:
-    """The entry for ``tensor``: detached, 2-D, owning exactly its storage (a copy when ``copy``)."""
+def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = False, share: bool = False) -> tuple:
+    """The entry for ``tensor``: detached, 2-D, owning exactly its storage (a copy when
+    ``copy``); with ``share``, a view of the tensor as given, charged for its whole storage."""
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.is_neg():  # cached rows are copied as bytes, which a negated view's are not
@@ -141,6 +145,8 @@ def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = Fa
         tensor = tensor.reshape(-1, tensor.shape[-1])
     rows, hidden = tensor.shape
     size = tensor.untyped_storage().nbytes()
+    if share and not copy:
+        return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality
     if copy or size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
         tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
         size = tensor.untyped_storage().nbytes()
@@ -157,15 +163,21 @@ class EmbeddingCache:
     """``max_bytes``: the budget (an int >= 0). ``hidden_sizes`` / ``dtypes``: what the
     entries of each modality must look like, one value for every modality or a mapping
     from modality (``"IMAGE"``, ``Modality.IMAGE``) to value; what is not declared is
-    learned from the entries held (and forgotten once none of that modality is left)."""
+    learned from the modality's first entry and kept until ``clear()``.
+    ``share_storage``: keep tensors as given, views included (see the module docstring);
+    outputs sharing one storage are then expected, not taken for a reused buffer."""
 
-    def __init__(self, max_bytes: int, *, hidden_sizes: Any = None, dtypes: Any = None) -> None:
+    def __init__(self, max_bytes: int, *, hidden_sizes: Any = None, dtypes: Any = None,
+                 share_storage: bool = False) -> None:
         self.max_bytes = _byte_budget(max_bytes)
+        if type(share_storage) is not bool:
+            raise CacheConfigError(f"share_storage must be True or False, got {share_storage!r}")
+        self.share_storage = share_storage
         self._hidden_sizes = _declared("hidden_sizes", hidden_sizes, _is_size)
         self._dtypes = _declared("dtypes", dtypes, _is_dtype)
         self._entries: OrderedDict[int, tuple] = OrderedDict()
         self._layouts: Counter[tuple] = Counter()
-        self._modal: dict[str, Counter] = {}  # modality -> Counter of (hidden, dtype) of its entries
+        self._learned: dict[str, tuple[int, Any]] = {}  # modality -> (hidden, dtype) of its first entry
         self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
         self._reused: OrderedDict[tuple, None] = OrderedDict()
         self._warned_reuse = False
@@ -236,11 +248,12 @@ class EmbeddingCache:
         validated the tensors (floating, right rows)."""
         pairs = list(entries)
         mods = [None] * len(pairs) if modalities is None else list(modalities)
-        prepared = [(key, _entry(tensor, None, modality)) for (key, tensor), modality in zip(pairs, mods)]
+        share = self.share_storage
+        prepared = [(key, _entry(tensor, None, modality, share=share)) for (key, tensor), modality in zip(pairs, mods)]
         with self._lock:
             if modalities is not None:
                 self._check_layouts(prepared)
-            if self._by_storage or self._reused:
+            if (self._by_storage or self._reused) and not share:
                 prepared = self._unshare(prepared)
             added = dict(prepared)
             total = sum(entry[_BYTES] for entry in added.values())
@@ -263,11 +276,10 @@ class EmbeddingCache:
     def _layout_of(self, modality: str | None) -> tuple[int | None, Any]:
         hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))
         dtype = self._dtypes.get(modality, self._dtypes.get(None))
-        held = self._modal.get(modality)
-        if held and (hidden is None or dtype is None):
-            learned_hidden, learned_dtype = next(iter(held))  # insert_many keeps them alike
-            hidden = learned_hidden if hidden is None else hidden
-            dtype = learned_dtype if dtype is None else dtype
+        learned = self._learned.get(modality)
+        if learned is not None:
+            hidden = learned[0] if hidden is None else hidden
+            dtype = learned[1] if dtype is None else dtype
         return hidden, dtype
 
     def _check_layouts(self, prepared: list[tuple[int, tuple]]) -> None:
@@ -279,8 +291,7 @@ class EmbeddingCache:
             hidden, dtype = entry[_LAYOUT][:2]
             want_hidden, want_dtype = batch.get(modality) or self._layout_of(modality)
             if (want_hidden is not None and hidden != want_hidden) or (want_dtype is not None and dtype != want_dtype):
-                declared = modality in self._hidden_sizes or None in self._hidden_sizes
-                source = "as declared" if declared else "learned from the entries it holds"
+                source = self._layout_source(modality)
                 raise CacheLayoutError(
                     f"key {key}: a {modality} embedding of hidden size {hidden} and dtype {dtype}, but the cache holds"
                     f" {modality} embeddings of hidden size {want_hidden} and dtype {want_dtype} ({source});"
@@ -288,6 +299,15 @@ class EmbeddingCache:
                     key=key, modality=modality, got=(hidden, dtype), expected=(want_hidden, want_dtype),
                 )
             batch.setdefault(modality, (hidden, dtype))
+
+    def _layout_source(self, modality: str) -> str:
+        hidden = modality in self._hidden_sizes or None in self._hidden_sizes
+        dtype = modality in self._dtypes or None in self._dtypes
+        if hidden and dtype:
+            return "as declared"
+        if hidden or dtype:
+            return f"{'hidden size' if hidden else 'dtype'} as declared, the other learned from its first {modality} entry"
+        return f"learned from its first {modality} entry"
 
     def _unshare(self, prepared: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
         """Entries whose tensor would be cached by reference in a storage another entry
@@ -354,9 +374,9 @@ class EmbeddingCache:
             raise CacheStateError(
                 f"key {key}: the cache stores tensors (or objects with a tensor .embedding), got {type(value).__name__}"
             )
-        entry = _entry(tensor, None if hasattr(value, "shape") else value)
+        entry = _entry(tensor, None if hasattr(value, "shape") else value, share=self.share_storage)
         with self._lock:
-            storage = storage_id(entry[_TENSOR])
+            storage = None if self.share_storage else storage_id(entry[_TENSOR])
             if storage is not None and self._by_storage.get(storage, key) != key:
                 entry = (entry[_TENSOR].clone(), *entry[1:])  # another entry's storage: never share it
             return self._insert(key, entry, ())
@@ -396,7 +416,7 @@ class EmbeddingCache:
         with self._lock:
             self._entries.clear()
             self._layouts.clear()
-            self._modal.clear()
+            self._learned.clear()
             self._by_storage.clear()
             self._bytes = 0
 
@@ -475,11 +495,8 @@ class EmbeddingCache:
         layout = entry[_LAYOUT]
         _count(self._layouts, layout, sign)
         modality = entry[_MODALITY]
-        if modality is not None:
-            held = self._modal.setdefault(modality, Counter())
-            _count(held, layout[:2], sign)
-            if not held:
-                del self._modal[modality]
+        if sign > 0 and modality is not None and modality not in self._learned:
+            self._learned[modality] = layout[:2]
         storage = storage_id(entry[_TENSOR])
         if storage is not None:
             if sign > 0:

@@ -27,7 +27,12 @@ from typing import Any
 from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
-from .placeholders import checked_mask, count_mm_tokens_in_extend, tokens_before
+from .placeholders import (
+    checked_mask,
+    count_mm_tokens_in_extend,
+    marked_placeholders,
+    tokens_before,
+)
 from .plan import plan_columns
 from .scheduler import run_packed
 
@@ -103,12 +108,35 @@ def get_embedding_and_mask(
     prefixes = prefix_length if type(prefix_length) is list else _as_list(prefix_length)
     extends = extend_length if type(extend_length) is list else _as_list(extend_length)
     offsets = items_offset_list if type(items_offset_list) is list else _as_list(items_offset_list)
+    return embedding_and_mask(
+        data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes, extends, offsets,
+        cache=cache, context=_step_context,
+    )
+
+
+def embedding_and_mask(
+    data_embedding_func: DataEmbeddingFunc,
+    items: list[Any],
+    placeholder_tensor: Any,
+    input_ids: Any,
+    items_size: list[int],
+    prefixes: list[int],
+    extends: list[int],
+    offsets: list[Any],
+    *,
+    cache: EmbeddingCache | None,
+    context: StepContext,
+    check_count: bool = True,
+) -> tuple[Any, Any, Any]:
+    """``get_embedding_and_mask`` (lists already read) with an explicit cache and step
+    context: the whole batch as one planned step. ``check_count=False`` marks the
+    placeholder tokens without checking that ``input_ids`` holds one per planned row
+    (SGLang counts the rows from the offsets alone)."""
     n = min(len(items_size) - 1, len(prefixes))
-    context = _step_context
     if evs.pruned_video_requests(items, items_size, n):
         return evs.get_embedding_and_mask(
             data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes,
-            _as_list(extend_length), _as_list(items_offset_list), cache=cache, context=context,
+            _as_list(extends), _as_list(offsets), cache=cache, context=context,
         )
     plan = plan_columns(
         [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, extends, offsets, [None] * n,
@@ -117,7 +145,10 @@ def get_embedding_and_mask(
     if not plan.n_rows:
         return None, None, input_ids
     # Checked before anything is encoded or cached.
-    mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows, plan)
+    if check_count:
+        mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows, plan)
+    else:
+        mask = marked_placeholders(input_ids, placeholder_tensor)[0]
     result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
 

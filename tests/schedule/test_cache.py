@@ -3,6 +3,7 @@ import torch
 
 from mm_schedule import EmbeddingCache, EmbeddingResult, combine_hashes
 from mm_schedule.cache import _entry
+from mm_schedule.errors import CacheConfigError
 
 ROW = 4 * 4  # one float32 row of hidden 4
 
@@ -180,3 +181,29 @@ def test_lookup_many_returns_counts_and_refreshes_like_single_lookups(looked_up)
     for cache in (many, one):
         cache.insert(5, rows(2, 5.0))
     assert [k for k in (1, 2, 3, 5) if many.contains(k)] == [k for k in (1, 2, 3, 5) if one.contains(k)]
+
+
+def test_shared_storage_keeps_views_and_charges_their_whole_storage():
+    """``share_storage=True`` (SGLang's rule): the split views of one encoder output are
+    cached as they are, each charged for the whole output, and not mistaken for an
+    encoder reusing its buffer; the default copies each view to exactly its rows."""
+    output = torch.randn(10, 4)
+    views = list(output.split([3, 7]))
+    for share in (False, True):
+        cache = EmbeddingCache(1 << 20, share_storage=share)
+        assert cache.insert_many(zip((1, 2), views), modalities=["IMAGE", "IMAGE"]) == 2
+        held = [cache.lookup(1), cache.lookup(2)]
+        assert all(torch.equal(h, v) for h, v in zip(held, views))
+        same_storage = [h.untyped_storage().data_ptr() == output.untyped_storage().data_ptr() for h in held]
+        assert same_storage == [share, share]
+        whole = output.untyped_storage().nbytes()
+        assert cache.stats().bytes == (2 * whole if share else whole)
+        cache.set(3, EmbeddingResult(embedding=views[0]))
+        assert (cache.lookup(3).untyped_storage().data_ptr() == output.untyped_storage().data_ptr()) == share
+        assert len(cache) == 3  # nothing evicted as an overwritten buffer
+
+
+@pytest.mark.parametrize("value", [1, None, "yes"])
+def test_share_storage_must_be_a_bool(value):
+    with pytest.raises(CacheConfigError, match="share_storage"):
+        EmbeddingCache(1 << 20, share_storage=value)

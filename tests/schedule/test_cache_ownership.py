@@ -168,7 +168,15 @@ def test_insert_many_refuses_a_batch_that_disagrees_with_the_held_layout():
         cache.insert_many([(5, torch.zeros(2, 6)), (6, torch.zeros(2, 7))], modalities=["VIDEO", "VIDEO"])
     assert _keys(cache) == [1, 4] and cache.layout_of("AUDIO") == (5, torch.float32)
     cache.discard(4)
-    assert cache.layout_of("AUDIO") == (None, None)  # learned from what is held, forgotten with it
+    # Learned from the modality's first entry and kept once none is held: a faulty output
+    # arriving after every AUDIO entry was evicted cannot become the layout.
+    assert cache.layout_of("AUDIO") == (5, torch.float32)
+    with pytest.raises(CacheLayoutError, match="learned from its first AUDIO entry"):
+        cache.insert_many([(7, torch.zeros(2, 5, dtype=torch.float64))], modalities=["AUDIO"])
+    cache.clear()
+    assert cache.layout_of("AUDIO") == (None, None)
+    cache.insert_many([(7, torch.zeros(2, 6))], modalities=["AUDIO"])
+    assert cache.layout_of("AUDIO") == (6, torch.float32)
 
 
 FAULTS = ("none", "hidden", "rows", "raise", "dtype")

@@ -19,7 +19,7 @@ from ...keys import combine_hashes
 from ...placeholders import marked_placeholders
 from ...planner import plan_columns
 from ...scheduler import agree_across_ranks, prepare_rows, run_packed
-from ...sglang_compat import checked_mask, count_mm_tokens_in_extend, get_embedding_chunk
+from ...sglang_compat import count_mm_tokens_in_extend, embedding_and_mask, get_embedding_chunk
 from ...validate import Expected, check_tensor
 
 __all__ = [
@@ -28,15 +28,14 @@ __all__ = [
     "EmbeddingResult",
     "EncoderOutputError",
     "ParallelContext",
-    "SharedStorageCache",
     "StepContext",
     "acknowledge_deferred_ipc",
     "check_rows",
     "combine_hashes",
     "count_mm_tokens_in_extend",
+    "embedding_and_mask",
     "encode_whole_items",
     "evs",
-    "fused_step",
     "get_embedding_chunk",
     "marked_placeholders",
     "move_features_to",
@@ -97,57 +96,3 @@ def _refuse_encoding(items: list) -> Any:
 def has_pruned_video(items, items_size, prefixes) -> bool:
     """Whether a request of the batch holds an EVS video (its rows depend on the encoder)."""
     return bool(evs.pruned_video_requests(items, items_size, min(len(items_size) - 1, len(prefixes))))
-
-
-def fused_step(func, items, placeholder_tensor, input_ids, items_size, prefixes, extends, offsets,
-               cache: EmbeddingCache | None, context: StepContext, check_count: bool) -> tuple[Any, Any, Any]:
-    """``get_embedding_and_mask`` as one planned step over every request of the batch.
-    ``check_count``: input_ids must hold one placeholder token per planned row (SGLang
-    counts the rows from the offsets alone)."""
-    n = min(len(items_size) - 1, len(prefixes))
-    if evs.pruned_video_requests(items, items_size, n):
-        return evs.get_embedding_and_mask(
-            func, items, placeholder_tensor, input_ids, items_size, prefixes, list(extends), list(offsets),
-            cache=cache, context=context,
-        )
-    plan = plan_columns(
-        [items[items_size[i]: items_size[i + 1]] for i in range(n)], prefixes, extends, offsets, [None] * n,
-        cache, context.max_tokens_per_encoder_call,
-    )
-    if not plan.n_rows:
-        return None, None, input_ids
-    if check_count:
-        mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows)
-    else:
-        mask = marked_placeholders(input_ids, placeholder_tensor)[0]
-    result = run_packed(plan, func, cache, context, device=input_ids.device, move_features=True)
-    return result.embedding, mask, input_ids
-
-
-class SharedStorageCache(EmbeddingCache):
-    """SGLang's storage rule, for its behaviour on request: an entry keeps the tensor it was
-    given, so a split view pins (and is charged for) the whole batch output it came from."""
-
-    def insert(self, key: int, value: Any) -> bool:
-        with self._lock:
-            return self._insert(key, _view_entry(value, None), ())
-
-    def insert_many(self, entries, *, protect=(), modalities=None) -> int:
-        keep = set(protect)
-        pairs = list(entries)
-        mods = [None] * len(pairs) if modalities is None else list(modalities)
-        prepared = [(key, _view_entry(tensor, modality)) for (key, tensor), modality in zip(pairs, mods)]
-        with self._lock:
-            if modalities is not None:
-                self._check_layouts(prepared)
-            return sum(self._insert(key, entry, keep) for key, entry in prepared)
-
-
-def _view_entry(value: Any, modality: Any) -> tuple:
-    # Field order of the core cache's entries: tensor, rows, charged bytes, value, layout, modality.
-    tensor = value if hasattr(value, "shape") else value.embedding
-    given = None if hasattr(value, "shape") else value
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    flat = tensor.reshape(-1, tensor.shape[-1])
-    return flat, flat.shape[0], tensor.untyped_storage().nbytes(), given, (flat.shape[1], flat.dtype, flat.device), modality

@@ -8,7 +8,7 @@ path that uses it. The work itself (cache lookups, encoding, checking, caching) 
 mm_schedule's planner and cache.
 
 ``get_embedding_and_mask`` with none of the names below patched runs the whole batch as
-one planned step (``_core.fused_step``), which gives the same rows, mask and cache state as
+one planned step (``sglang_compat.embedding_and_mask``), which gives the same rows, mask and cache state as
 walking the call graph, with one encoder call per modality and one assembly. Once any
 name of the call graph is rebound, it walks the graph.
 
@@ -105,8 +105,7 @@ def maybe_assert_sum(mask: torch.Tensor, expected: int, message: str) -> None:
 
 def init_mm_embedding_cache(max_size: int = 0):
     global embedding_cache
-    kind = MultiModalStaticCache if differences.own_storage else _core.SharedStorageCache
-    embedding_cache = kind(max_size)
+    embedding_cache = MultiModalStaticCache(max_size, share_storage=not differences.own_storage)
 
 
 def get_embedding_chunk(
@@ -537,10 +536,10 @@ def get_embedding_and_mask(
             prefix_length, extend_length, items_offset_list,
         )
     extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(len(prefix_length))]
-    return _core.fused_step(
+    return _core.embedding_and_mask(
         data_embedding_func, list(embedding_items), placeholder_tensor, input_ids, list(items_size),
-        list(prefix_length), extends, list(items_offset_list), embedding_cache, _step_context(),
-        differences.raise_on_count_mismatch,
+        list(prefix_length), extends, list(items_offset_list), cache=embedding_cache, context=_step_context(),
+        check_count=differences.raise_on_count_mismatch,
     )
 
 
