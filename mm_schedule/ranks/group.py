@@ -72,3 +72,11 @@ class RankGroup:
                     f"{where}: a rank did not arrive within the group's timeout ({text.strip()})"
                 ) from exc
             raise RankCommunicationError(f"{where}: collective failed ({text.strip()})") from exc
+
+
+def step_group(context: Any) -> RankGroup | None:
+    """The step context's process group, or None when the step runs on one rank."""
+    if context.group is None:
+        return None
+    group = RankGroup(context.group, context.rows_group)
+    return None if group.size == 1 else group

@@ -28,7 +28,7 @@ from ..validate import Expected, check_outputs, check_sources, check_tensor, pla
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
 from .faults import Fault, raise_agreed_fault, settle
-from .group import RankGroup
+from .group import RankGroup, step_group
 from .shards import assign_shards
 
 
@@ -167,9 +167,5 @@ class RankStep:
 
 def rank_step(context: Any) -> RankStep | None:
     """The step's rank coordinator, or None when the step runs on one rank."""
-    if context.group is None:
-        return None
-    group = RankGroup(context.group, context.rows_group)
-    if group.size == 1:
-        return None
-    return RankStep(group, encoder_parallel=context.encoder_parallel)
+    group = step_group(context)
+    return None if group is None else RankStep(group, encoder_parallel=context.encoder_parallel)

@@ -25,7 +25,7 @@ from ..errors import EncoderOutputError
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
 from .faults import Fault, raise_agreed_fault, settle
-from .group import RankGroup
+from .group import RankGroup, step_group
 from .shards import assign_shards
 
 _VIDEO = "VIDEO"
@@ -113,9 +113,5 @@ class VideoRanks:
 
 def video_ranks(context: Any) -> VideoRanks | None:
     """The coordinator for a step's EVS videos, or None when the step runs on one rank."""
-    if context.group is None:
-        return None
-    group = RankGroup(context.group, context.rows_group)
-    if group.size == 1:
-        return None
-    return VideoRanks(group, encoder_parallel=context.encoder_parallel)
+    group = step_group(context)
+    return None if group is None else VideoRanks(group, encoder_parallel=context.encoder_parallel)
