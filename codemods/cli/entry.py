@@ -40,6 +40,17 @@ def _positive(kind: type, what: str):
     return convert
 
 
+def _installed_version() -> str:
+    # From the installed distribution's metadata: importing mm_schedule would load torch,
+    # which the codemod does not need.
+    from importlib import metadata
+
+    try:
+        return metadata.version("mm-schedule")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = UsageParser(
         prog="mm-schedule-codemod",
@@ -51,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="files or folders to process; '-' reads one file from stdin "
                              "(with --write its result goes to stdout)")

@@ -193,3 +193,10 @@ def test_an_internal_error_on_one_file_does_not_stop_the_run(project, map_file, 
     assert (project / "c.py").read_text() == MOVED
     assert (project / "pkg" / "a.py").read_text() == MOVING
     assert "pkg/a.py: MMS907 [error] internal error (RuntimeError: boom); file left as is" in capsys.readouterr().err
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib import metadata
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"mm-schedule-codemod {metadata.version('mm-schedule')}"
