@@ -14,7 +14,9 @@ and ``TRITON_INTERPRET`` (``kernels/backend.py``: read at the first call, not on
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Sequence
+from itertools import accumulate
 from operator import add, le, sub
 
 import torch
@@ -91,6 +93,8 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
         first, last = rows[0], ends[-1]
         torch.cat(views, out=dst if first == 0 and last == dst.shape[0] else dst[first:last])
         return dst
+    if not dst.is_cpu and len(rows) >= SCATTER_MIN_SEGMENTS:
+        return scatter_rows(views, counts, rows, dst)
     if not all(map(le, ends[:-1], rows[1:])):
         order = sorted(range(len(rows)), key=rows.__getitem__)
         views, rows, counts = ([column[i] for i in order] for column in (views, rows, counts))
@@ -107,3 +111,29 @@ def _copy_with_torch(sources: list, segments: Sequence[tuple[int, int, int, int]
 
 
 _VIEWS_PER_GROUP = 256
+# Off the CPU, a view and a copy per segment cost the host about 1.5 µs each, one packed
+# scatter a fixed handful of calls; measured on the meta device (host work alone), the two
+# cost the same at about this many segments.
+SCATTER_MIN_SEGMENTS = 128
+
+
+def scatter_rows(views: Sequence, counts: Sequence[int], rows: Sequence[int], dst):
+    """Write ``views[i]`` (``counts[i]`` rows each) to ``dst[rows[i] : rows[i] + counts[i]]``
+    in a fixed number of device calls, whatever the number of segments: the views are
+    packed into one tensor, which ``index_copy_`` places by a row index built on the
+    device from two small columns. The host copies those columns without waiting for the
+    device; the packed copy and the index are transient (the packed rows are as large as
+    an unfused step's result). Rows are cast to ``dst``'s dtype."""
+    packed = torch.cat(list(views))
+    if packed.dtype != dst.dtype:
+        packed = packed.to(dst.dtype)
+    total = packed.shape[0]
+    # Each segment's shift from its packed row to its destination row, then its length.
+    columns = array("q", map(sub, rows, accumulate(counts, initial=0)))
+    columns.extend(counts)
+    host = torch.frombuffer(columns, dtype=torch.int64)
+    shifts, lengths = host.to(dst.device, non_blocking=True).split(len(counts))
+    index = torch.repeat_interleave(shifts, lengths, output_size=total)
+    index += torch.arange(total, device=dst.device)
+    dst.index_copy_(0, index, packed)
+    return dst
