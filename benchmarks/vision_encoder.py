@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from mm_schedule.tolerance import reorder_tolerance
+
 LM_HIDDEN_QWEN2_0_5B = 896
 
 
@@ -115,6 +117,11 @@ class VisionEncoder:
         self.projector.to(device=self.device, dtype=dtype)
         self.calls = 0
         self.items_seen = 0
+
+    def reorder_tolerance(self, want: torch.Tensor) -> float:
+        """How far ``want`` may move when only the order of this encoder's sums changes
+        (another batch composition, thread count or SIMD path)."""
+        return reorder_tolerance([self.tower, self.projector], want)
 
     # -- inputs ----------------------------------------------------------------------
 

@@ -10,11 +10,15 @@ per image for Qwen, ``[N, 3, S, S]`` for the others).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from mm_schedule.tolerance import (
+    reorder_tolerance,  # noqa: F401  (the demo and tests read it from here)
+)
 
 VOCAB = 128
 TEXT_IDS = 100  # ordinary text tokens are drawn below this; model-specific tokens sit above
@@ -193,21 +197,3 @@ class TinyVLM:
             inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), None
         )
         return {"position_ids": positions}
-
-
-def reorder_tolerance(modules: Iterable[torch.nn.Module], want: torch.Tensor) -> float:
-    """The largest difference between two computations of ``want`` by ``modules`` that
-    differ only in the order their sums are rounded: another batch composition (BLAS and
-    cuBLAS pick kernels by the number of rows), thread count or SIMD path.
-
-    A sum of n products is within (n - 1)·u·Σ|terms| of its exact value in any order
-    (u = eps/2), so two orders differ by at most n·eps·Σ|terms|. With Σ|terms| taken at
-    the output's scale (normalisation keeps activations there) and each of the L weight
-    layers adding such a difference, the bound is L·n·eps·max|want|, n the largest fan-in.
-    A real mistake (another image's rows, a shifted row) moves values by the order of
-    max|want| itself, far above it.
-    """
-    layers = [m.weight for module in modules for m in module.modules()
-              if isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
-    fan_in = max(weight[0].numel() for weight in layers)
-    return len(layers) * fan_in * torch.finfo(want.dtype).eps * want.detach().abs().max().item()
