@@ -8,6 +8,7 @@ about them is checked here, on the host, before a kernel sees a pointer.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any, NamedTuple
@@ -30,18 +31,46 @@ def total_rows(segments: Sequence[Segment]) -> int:
     return sum(s[2] for s in segments)
 
 
-def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int) -> None:
+_FIELD_NAMES = Segment._fields
+
+
+def _row_int(value, i: int, seg, field: str) -> int:
+    """``value`` as a plain int: anything with ``__index__`` (numpy and 0-d torch integers
+    too), but never a bool or a float, which ``int()`` would quietly truncate."""
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or str(getattr(value, "dtype", "")) == "torch.bool":
+        raise SegmentError(f"segment {i} {tuple(seg)}: {field} is a bool ({value!r}); it must be an integer")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise SegmentError(
+            f"segment {i} {tuple(seg)}: {field} must be an integer, got {type(value).__name__} {value!r}"
+        ) from None
+
+
+def _as_segment(i: int, seg) -> Segment:
+    try:
+        fields = tuple(seg)
+    except TypeError:
+        fields = ()
+    if len(fields) != SEGMENT_FIELDS:
+        raise SegmentError(f"segment {i} must be (source, src_row, n_rows, dst_row), got {seg!r}")
+    if all(type(f) is int for f in fields):
+        return Segment(*fields)
+    return Segment(*(_row_int(f, i, fields, name) for f, name in zip(fields, _FIELD_NAMES)))
+
+
+def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_rows: int) -> list[Segment]:
     """Raise ``SegmentError`` unless every segment lies inside its source and the
-    destination, and no two segments write the same destination row."""
+    destination, and no two segments write the same destination row; return the table
+    as ``Segment`` tuples of plain ints (what the launchers and the table packer take)."""
     n_sources = len(source_rows)
     spans = []
+    checked = []
     for i, seg in enumerate(segments):
-        try:
-            source, src_row, n_rows, dst_row = seg
-        except (TypeError, ValueError):
-            raise SegmentError(
-                f"segment {i} must be (source, src_row, n_rows, dst_row), got {seg!r}"
-            ) from None
+        seg = _as_segment(i, seg)
+        source, src_row, n_rows, dst_row = seg
         if not 0 <= source < n_sources:
             raise SegmentError(
                 f"segment {i} {tuple(seg)}: source index {source} out of range for {n_sources} sources"
@@ -64,9 +93,11 @@ def check_segments(segments: Sequence[Segment], source_rows: Sequence[int], dst_
                 f" 32-bit row limit ({INT32_MAX}); split the tensor"
             )
         spans.append((dst_row, dst_row + n_rows, i))
+        checked.append(seg)
     overlap = first_overlap(spans)
     if overlap is not None:
         raise SegmentError(f"segments {overlap[0]} and {overlap[1]} write overlapping destination rows")
+    return checked
 
 
 def first_overlap(ranges: list[tuple[int, int, Any]]) -> tuple[Any, Any] | None:

@@ -211,22 +211,23 @@ def _check_triton_dtypes(sources: Sequence, dest) -> None:
             )
 
 
-def checked_backend(sources: Sequence, segments: list, dest) -> str:
-    """Every check of the public API; returns the backend that will run."""
+def checked_backend(sources: Sequence, segments: Sequence, dest) -> tuple[str, list[Segment]]:
+    """Every check of the public API; returns the backend that will run and the table
+    as plain-int segments."""
     check_tensors(sources, dest)
-    check_segments(segments, [s.shape[0] for s in sources], dest.shape[0])
+    segments = check_segments(segments, [s.shape[0] for s in sources], dest.shape[0])
     check_no_overlap(sources, dest)
     backend = select_backend(dest.device)
     if backend == "triton":
         _check_triton_dtypes(sources, dest)
-    return backend
+    return backend, segments
 
 
 def copy_checked(sources: Sequence, segments: Sequence, dest, *, config=None, what: str) -> None:
     """Check, then copy with whichever backend runs (the public per-call path)."""
-    segments = list(segments)
     refuse_under_capture(dest.device, what)
-    if checked_backend(sources, segments, dest) == "torch":
+    backend, segments = checked_backend(sources, segments, dest)
+    if backend == "torch":
         gather_segments_ref(sources, segments, dest)
     else:
         launch_segments(sources, segments, dest, config)
@@ -254,11 +255,10 @@ def gather_segments(
 
         out = torch.cat([sources[s][r : r + n] for s, r, n, _ in segments]).to(dtype)
     """
-    segments = list(segments)
     if out is None:
         if not sources:
             raise KernelInputError("gather_segments needs out= when there are no sources")
-        check_segments(segments, [s.shape[0] for s in sources], float("inf"))
+        segments = check_segments(segments, [s.shape[0] for s in sources], float("inf"))
         out = torch.empty(
             (total_rows(segments), sources[0].shape[-1]),
             dtype=dtype or sources[0].dtype,
@@ -395,9 +395,8 @@ class SegmentPlan:
         place is copied only after the work queued so far on every other stream the plan
         ran on (their launches may still read it)."""
         refuse_under_capture(self.device, "SegmentPlan.update")
-        segments = list(segments)
         check_tensors(sources, _DestSpec(self))
-        check_segments(segments, [s.shape[0] for s in sources], self.dest_shape[0])
+        segments = check_segments(segments, [s.shape[0] for s in sources], self.dest_shape[0])
         if sources and sources[0].dtype != self.src_dtype:
             raise KernelInputError(
                 f"the plan was made for {self.src_dtype} sources, got {sources[0].dtype}"
@@ -423,6 +422,9 @@ class _DestSpec:
     def is_contiguous(self):
         return True
 
+    def is_floating_point(self):
+        return self.dtype.is_floating_point
+
 
 def plan_segments(
     sources: Sequence,
@@ -433,9 +435,8 @@ def plan_segments(
     capacity: int | None = None,
 ) -> SegmentPlan:
     """Check a segment table against ``sources`` and ``dest`` and prepare it to run."""
-    segments = list(segments)
     refuse_under_capture(dest.device, "plan_segments")
-    backend = checked_backend(sources, segments, dest)
+    backend, segments = checked_backend(sources, segments, dest)
     if backend == "triton":
         config = resolve_config(
             KERNEL_NAME,
