@@ -12,7 +12,8 @@ DEMO_PINS  := transformers==4.57.1 matplotlib==3.10.7
 
 .PHONY: setup demo demo-checks test lint bench bench-sglang clean bench-sglang-host bench-vllm
 
-$(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c kernels/segment_copy/_stream_copy.c
+$(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c mm_schedule/plan/_flat_columns.c \
+          kernels/segment_copy/_stream_copy.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)

@@ -1,4 +1,4 @@
-"""The two optional C helpers of the host path; everything else is in pyproject.toml.
+"""The optional C helpers of the host path; everything else is in pyproject.toml.
 
 They are declared here because setuptools still calls pyproject.toml's ``ext-modules``
 table experimental and warns about it on every install.
@@ -10,6 +10,8 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     # placeholder-token membership for the SGLang-compatible mask, in one pass
     Extension("mm_schedule._placeholder_set", ["mm_schedule/_placeholder_set.c"], optional=True),
+    # the flat planner's pass over a step's items
+    Extension("mm_schedule.plan._flat_columns", ["mm_schedule/plan/_flat_columns.c"], optional=True),
     # a step's row copies in one call (streaming stores for large destinations)
     Extension("mm_schedule.kernels.segment_copy._stream_copy", ["kernels/segment_copy/_stream_copy.c"], optional=True),
 ]

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import torch
@@ -40,7 +42,17 @@ from .encode import Encoders, encode_misses
 from .errors import CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
 from .kernels.segments import first_overlap
-from .plan import HIT, MISS, PRECOMPUTED, RequestChunk, StepPlan, as_requests, plan_step
+from .plan import (
+    HIT,
+    MISS,
+    PRECOMPUTED,
+    RequestChunk,
+    StepPlan,
+    as_requests,
+    plan_columns,
+    plan_step,
+    request_columns,
+)
 from .spare import packed_buffer
 from .validate import Expected, check_outputs, check_sources
 
@@ -298,9 +310,10 @@ def embeddings_2d(input_embeds: Any) -> Any:
 def check_fused_rows(extends: Sequence[int], row_offsets: Sequence[int | None], total_rows: int) -> None:
     """The requests must account for every row of ``input_embeds``: a request left out of
     the list would otherwise have its text rows overwritten by the next request's rows."""
-    extends = [as_index(e, request=i, what="extend") for i, e in enumerate(extends)]
-    if all(r is None for r in row_offsets):
-        needed = sum(max(e, 0) for e in extends)
+    if set(map(type, extends)) - {int}:  # anything but plain ints: checked and converted one by one
+        extends = [as_index(e, request=i, what="extend") for i, e in enumerate(extends)]
+    if not any(map(is_not, row_offsets, repeat(None))):
+        needed = sum(extends) if min(extends, default=0) >= 0 else sum(e for e in extends if e > 0)
         if needed != total_rows:
             raise InvalidItemError(
                 f"input_embeds has {total_rows} rows but the requests' extend lengths add up to {needed};"
@@ -339,10 +352,10 @@ def merge_chunk(
     ``input_embeds`` is ``[tokens, H]`` or ``[B, L, H]`` (flattened: row = b * L + l),
     contiguous. ``result.embedding`` is ``input_embeds`` when rows were written, else None.
     """
-    requests = as_requests(requests)
+    columns = request_columns(as_requests(requests))
     flat = embeddings_2d(input_embeds)
-    check_fused_rows([r.extend for r in requests], [r.row_offset for r in requests], flat.shape[0])
-    plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
+    check_fused_rows(columns[2], columns[4], flat.shape[0])
+    plan = plan_columns(*columns, cache, context.max_tokens_per_encoder_call)
     return run_fused(plan, input_embeds, encoders, cache, context)
 
 

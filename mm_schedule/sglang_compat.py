@@ -138,10 +138,8 @@ def embedding_and_mask(
             data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes,
             _as_list(extends), _as_list(offsets), cache=cache, context=context,
         )
-    plan = plan_columns(
-        [items[items_size[i] : items_size[i + 1]] for i in range(n)], prefixes, extends, offsets, [None] * n,
-        cache, context.max_tokens_per_encoder_call,
-    )
+    per_request = list(map(items.__getitem__, map(slice, items_size[:n], items_size[1 : n + 1])))
+    plan = plan_columns(per_request, prefixes, extends, offsets, [None] * n, cache, context.max_tokens_per_encoder_call)
     if not plan.n_rows:
         return None, None, input_ids
     # Checked before anything is encoded or cached.

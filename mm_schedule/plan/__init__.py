@@ -11,10 +11,11 @@ call per modality, optionally capped by a token budget).
   and the batching rule; ``StepPlan.with_lookups`` marks the cached sources, through a
   read-only lookup the step passes in;
 * ``flat``: the common step in one pass (every item one span, nothing precomputed,
-  items in position order);
+  items in position order), the pass over the items in C (``_flat_columns.c``) where
+  the extension was compiled;
 * ``general``: everything else (several spans per item, precomputed embeddings, items
   out of order) and every malformed input, so each error names what is wrong;
-* ``entry``: ``plan_step`` / ``plan_columns``, which pick the planner.
+* ``entry``: ``plan_step`` / ``plan_columns``, which pick the planner, and ``request_columns``.
 """
 
 from .columns import (
@@ -29,9 +30,9 @@ from .columns import (
     StepPlan,
     batch_misses,
 )
-from .entry import as_requests, plan_columns, plan_step
+from .entry import as_requests, plan_columns, plan_step, request_columns
 
 __all__ = [
     "HIT", "MISS", "PRECOMPUTED", "RequestChunk", "SegmentView", "SourceKind", "SourceView", "Span", "StepPlan",
-    "as_requests", "batch_misses", "plan_columns", "plan_step",
+    "as_requests", "batch_misses", "plan_columns", "plan_step", "request_columns",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from ..errors import InvalidItemError
@@ -19,11 +21,7 @@ def plan_step(requests: Iterable[RequestChunk], cache: Any = None, *,
     one call for every key of the step at once (a cached entry whose row count is not
     the item's placeholder count is a miss; the cache drops it); None: all misses.
     """
-    requests = as_requests(requests)
-    return plan_columns(
-        [r.items for r in requests], [r.prefix for r in requests], [r.extend for r in requests],
-        [r.offsets for r in requests], [r.row_offset for r in requests], cache, max_tokens_per_encoder_call,
-    )
+    return plan_columns(*request_columns(as_requests(requests)), cache, max_tokens_per_encoder_call)
 
 
 def as_requests(requests: Iterable[RequestChunk]) -> list[RequestChunk] | tuple[RequestChunk, ...]:
@@ -32,10 +30,23 @@ def as_requests(requests: Iterable[RequestChunk]) -> list[RequestChunk] | tuple[
         if isinstance(requests, RequestChunk) or not isinstance(requests, Iterable):
             raise InvalidItemError(f"requests must be an iterable of RequestChunk, got {type(requests).__name__}")
         requests = list(requests)
-    for index, req in enumerate(requests):
-        if not isinstance(req, RequestChunk):
-            raise InvalidItemError(f"request {index}: expected a RequestChunk, got {type(req).__name__}")
+    if not all(map(isinstance, requests, repeat(RequestChunk))):
+        for index, req in enumerate(requests):
+            if not isinstance(req, RequestChunk):
+                raise InvalidItemError(f"request {index}: expected a RequestChunk, got {type(req).__name__}")
     return requests
+
+
+_FIELDS = attrgetter("items", "prefix", "extend", "offsets", "row_offset")
+
+
+def request_columns(requests: Sequence[RequestChunk]) -> tuple[list, list, list, list, list]:
+    """Checked requests as the five parallel lists ``plan_columns`` takes: items,
+    prefixes, extends, offsets and row offsets (read in one pass that runs in C)."""
+    if not requests:
+        return [], [], [], [], []
+    items, prefixes, extends, offsets, row_offsets = map(list, zip(*map(_FIELDS, requests)))
+    return items, prefixes, extends, offsets, row_offsets
 
 
 def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget) -> StepPlan:

@@ -274,7 +274,7 @@ def test_c_helpers_are_optional_and_their_sources_exist():
     import runpy
 
     extensions = runpy.run_path(str(ROOT / "setup.py"), run_name="setup_under_test")["EXTENSIONS"]
-    assert len(extensions) == 2
+    assert len(extensions) == 3
     for extension in extensions:
         assert extension.optional is True, extension.name  # an install without a compiler must not fail
         for source in extension.sources:

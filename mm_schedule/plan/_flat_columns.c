@@ -1,0 +1,419 @@
+/* The flat planner's pass over a step's items (mm_schedule/plan/flat.py), in C.
+ *
+ * A step with a thousand cached images spends most of its host time in this loop when it
+ * runs as Python bytecode: four attribute reads, a dictionary probe and a handful of list
+ * appends per item, each paying the interpreter's dispatch. This is the same pass, the
+ * same checks in the same order, building the same Python lists; flat.py keeps the Python
+ * version for installs without a compiler, and the test-suite runs both on one set of
+ * inputs and requires identical columns, the same give-ups and the same exceptions.
+ *
+ * Result: None where the step is not the flat shape (the general planner then plans it and
+ * says what is wrong), else the tuple of columns flat.py assembles into a StepPlan. An
+ * AttributeError, TypeError or ValueError met on the way means "not the flat shape" too;
+ * any other exception propagates, as from the Python loop.
+ *
+ * Integers are handled as int64 only inside [-2**60, 2**60], where no sum below can
+ * overflow; anything larger, and spans that are not (start, end) tuples or lists, go to
+ * the general planner instead of being narrowed. The GIL is held throughout; attribute
+ * reads may run Python code (properties), so every object in use holds a reference.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+#define LIMIT ((int64_t)1 << 60)
+
+static PyObject *s_precomputed, *s_offsets, *s_hash, *s_modality;
+
+/* 1 and *out set when obj is an exact int within LIMIT; 0 otherwise (no error set). */
+static int small_int(PyObject *obj, int64_t *out) {
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || v > LIMIT || v < -LIMIT) {
+        return 0;
+    }
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* The two ends of a span given as an exact tuple or list of two; 0 when it is not one. */
+static int span_pair(PyObject *span, PyObject **start, PyObject **end) {
+    if (PyTuple_CheckExact(span) && PyTuple_GET_SIZE(span) == 2) {
+        *start = PyTuple_GET_ITEM(span, 0);
+        *end = PyTuple_GET_ITEM(span, 1);
+        return 1;
+    }
+    if (PyList_CheckExact(span) && PyList_GET_SIZE(span) == 2) {
+        *start = PyList_GET_ITEM(span, 0);
+        *end = PyList_GET_ITEM(span, 1);
+        return 1;
+    }
+    return 0;
+}
+
+static int append_new(PyObject *list, PyObject *value) {
+    if (value == NULL) {
+        return -1;
+    }
+    int rc = PyList_Append(list, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static int append_repeated(PyObject *list, Py_ssize_t value, Py_ssize_t times) {
+    if (times <= 0) {
+        return 0;
+    }
+    PyObject *boxed = PyLong_FromSsize_t(value);
+    if (boxed == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < times; i++) {
+        if (PyList_Append(list, boxed) < 0) {
+            Py_DECREF(boxed);
+            return -1;
+        }
+    }
+    Py_DECREF(boxed);
+    return 0;
+}
+
+enum { OK = 0, GIVE_UP = 1, FAILED = -1 };
+
+typedef struct {
+    PyObject *keys, *rows, *requests, *modalities, *first_items, *seg_token_row, *seg_request, *odd;
+    PyObject *source_of;
+    PyObject *names, *modality_name, *item_key;
+    PyObject *last_modality, *last_name; /* strong references, or NULL */
+    Py_ssize_t n_sources;
+} Columns;
+
+/* One item of request r. */
+static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, Py_ssize_t *k, int64_t *prev_end,
+                     int64_t prefix, int64_t end, int64_t token_shift) {
+    int status = FAILED;
+    PyObject *offsets = NULL, *h = NULL, *m = NULL;
+    PyObject *pre = PyObject_GetAttr(item, s_precomputed);
+    if (pre == NULL) {
+        return FAILED;
+    }
+    int has_pre = pre != Py_None;
+    Py_DECREF(pre);
+    if (has_pre) {
+        return GIVE_UP;
+    }
+    offsets = PyObject_GetAttr(item, s_offsets);
+    if (offsets == NULL) {
+        return FAILED;
+    }
+    PyObject *span;
+    if (PyList_CheckExact(offsets) && PyList_GET_SIZE(offsets) == 1) {
+        span = PyList_GET_ITEM(offsets, 0);
+    } else if (PyTuple_CheckExact(offsets) && PyTuple_GET_SIZE(offsets) == 1) {
+        span = PyTuple_GET_ITEM(offsets, 0);
+    } else {
+        status = GIVE_UP; /* not a list or tuple, or not exactly one span */
+        goto done;
+    }
+    PyObject *s_obj, *e_obj;
+    int64_t s, e;
+    if (!span_pair(span, &s_obj, &e_obj) || !small_int(s_obj, &s) || !small_int(e_obj, &e) || s <= *prev_end
+        || e < s) {
+        status = GIVE_UP;
+        goto done;
+    }
+    if (given != Py_None) {
+        PyObject *g = PySequence_GetItem(given, *k);
+        if (g == NULL) {
+            goto done;
+        }
+        PyObject *gs, *ge;
+        int differs = 1;
+        if (span_pair(g, &gs, &ge)) {
+            differs = PyObject_RichCompareBool(gs, s_obj, Py_NE);
+            if (differs == 0) {
+                differs = PyObject_RichCompareBool(ge, e_obj, Py_NE);
+            }
+        }
+        Py_DECREF(g);
+        if (differs < 0) {
+            goto done;
+        }
+        if (differs) {
+            status = GIVE_UP; /* another span than the item's (or not a pair: the general planner says) */
+            goto done;
+        }
+        *k += 1;
+    }
+    *prev_end = e;
+    if (e < prefix || s >= end) {
+        status = OK; /* outside this chunk: no lookup, no encode */
+        goto done;
+    }
+    h = PyObject_GetAttr(item, s_hash);
+    if (h == NULL) {
+        goto done;
+    }
+    if (!PyLong_CheckExact(h)) {
+        PyObject *request = PyLong_FromSsize_t(r);
+        if (request == NULL) {
+            goto done;
+        }
+        PyObject *key = PyObject_CallFunctionObjArgs(c->item_key, h, request, NULL);
+        Py_DECREF(request);
+        if (key == NULL) {
+            goto done;
+        }
+        Py_SETREF(h, key);
+    }
+    int64_t n = e - s + 1;
+    int whole = s >= prefix && e < end;
+    PyObject *found = PyDict_GetItemWithError(c->source_of, h);
+    Py_ssize_t source;
+    int is_new;
+    if (found == NULL) {
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        source = c->n_sources;
+        if (append_new(c->rows, PyLong_FromLongLong(n)) < 0 || PyList_Append(c->keys, h) < 0) {
+            goto done;
+        }
+        PyObject *boxed = PyLong_FromSsize_t(source);
+        if (boxed == NULL) {
+            goto done;
+        }
+        int rc = PyDict_SetItem(c->source_of, h, boxed);
+        Py_DECREF(boxed);
+        if (rc < 0) {
+            goto done;
+        }
+        c->n_sources += 1;
+        m = PyObject_GetAttr(item, s_modality);
+        if (m == NULL) {
+            goto done;
+        }
+        if (m != c->last_modality) {
+            int known = PyDict_Contains(c->names, m);
+            if (known < 0) {
+                goto done;
+            }
+            PyObject *name = known ? PyObject_GetItem(c->names, m)
+                                   : PyObject_CallOneArg(c->modality_name, m);
+            if (name == NULL) {
+                goto done;
+            }
+            Py_XSETREF(c->last_name, name);
+            Py_INCREF(m);
+            Py_XSETREF(c->last_modality, m);
+        }
+        if (PyList_Append(c->modalities, c->last_name) < 0 || PyList_Append(c->first_items, item) < 0) {
+            goto done;
+        }
+        if (whole) {
+            status = append_new(c->seg_token_row, PyLong_FromLongLong(s + token_shift)) < 0 ? FAILED : OK;
+            goto done;
+        }
+        is_new = 1;
+    } else {
+        source = PyLong_AsSsize_t(found);
+        if (source == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        long long planned = PyLong_AsLongLong(PyList_GET_ITEM(c->rows, source));
+        if (planned == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (planned != n) {
+            status = GIVE_UP; /* one hash, two lengths: the general planner keeps them apart */
+            goto done;
+        }
+        is_new = 0;
+    }
+    int64_t lo = whole ? s : (s > prefix ? s : prefix);
+    int64_t hi = whole ? e : (e < end ? e : end - 1);
+    PyObject *entry = Py_BuildValue("(nnLLOO)", PyList_GET_SIZE(c->seg_token_row), source, (long long)(lo - s),
+                                    (long long)(hi - lo + 1), item, is_new ? Py_True : Py_False);
+    if (append_new(c->odd, entry) < 0 || append_new(c->seg_token_row, PyLong_FromLongLong(lo + token_shift)) < 0) {
+        goto done;
+    }
+    status = OK;
+done:
+    Py_XDECREF(offsets);
+    Py_XDECREF(h);
+    Py_XDECREF(m);
+    return status;
+}
+
+/* One request: its checks, then its items. */
+static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *token_base) {
+    int status = FAILED;
+    PyObject *index = PyLong_FromSsize_t(r);
+    PyObject *prefix_obj = NULL, *extend_obj = NULL, *row_obj = NULL, *items = NULL, *given = NULL, *it = NULL;
+    if (index == NULL) {
+        return FAILED;
+    }
+    if ((prefix_obj = PyObject_GetItem(args[1], index)) == NULL || (extend_obj = PyObject_GetItem(args[2], index)) == NULL
+        || (row_obj = PyObject_GetItem(args[4], index)) == NULL) {
+        goto done;
+    }
+    int64_t prefix, extend, row_offset;
+    if (!small_int(prefix_obj, &prefix) || !small_int(extend_obj, &extend) || prefix < 0) {
+        status = GIVE_UP;
+        goto done;
+    }
+    if (row_obj == Py_None) {
+        row_offset = *token_base;
+    } else if (!small_int(row_obj, &row_offset)) {
+        status = GIVE_UP;
+        goto done;
+    }
+    if ((items = PyObject_GetItem(args[0], index)) == NULL) {
+        goto done;
+    }
+    if (extend <= 0) {
+        status = OK;
+        goto done;
+    }
+    *token_base += extend;
+    if (*token_base > LIMIT) {
+        status = GIVE_UP;
+        goto done;
+    }
+    int nonempty = PyObject_IsTrue(items);
+    if (nonempty <= 0) {
+        status = nonempty < 0 ? FAILED : OK;
+        goto done;
+    }
+    if ((given = PyObject_GetItem(args[3], index)) == NULL) {
+        goto done;
+    }
+    if (given != Py_None) {
+        Py_ssize_t n_given = PyObject_Length(given), n_items;
+        if (n_given < 0 || (n_items = PyObject_Length(items)) < 0) {
+            goto done;
+        }
+        if (n_given != n_items) {
+            status = GIVE_UP;
+            goto done;
+        }
+    }
+    int64_t end = prefix + extend, token_shift = row_offset - prefix, prev_end = -1;
+    Py_ssize_t k = 0;
+    Py_ssize_t first_segment = PyList_GET_SIZE(c->seg_token_row), first_source = PyList_GET_SIZE(c->keys);
+    if ((it = PyObject_GetIter(items)) == NULL) {
+        goto done;
+    }
+    PyObject *item;
+    while ((item = PyIter_Next(it)) != NULL) {
+        int item_status = plan_item(c, item, r, given, &k, &prev_end, prefix, end, token_shift);
+        Py_DECREF(item);
+        if (item_status != OK) {
+            status = item_status;
+            goto done;
+        }
+    }
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    if (append_repeated(c->requests, r, PyList_GET_SIZE(c->keys) - first_source) < 0
+        || append_repeated(c->seg_request, r, PyList_GET_SIZE(c->seg_token_row) - first_segment) < 0) {
+        goto done;
+    }
+    status = OK;
+done:
+    Py_DECREF(index);
+    Py_XDECREF(prefix_obj);
+    Py_XDECREF(extend_obj);
+    Py_XDECREF(row_obj);
+    Py_XDECREF(items);
+    Py_XDECREF(given);
+    Py_XDECREF(it);
+    return status;
+}
+
+static PyObject *flat_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError,
+                     "flat_columns(item_lists, prefixes, extends, offsets_lists, row_offsets, names,"
+                     " modality_name, item_key) takes 8 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (!PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "flat_columns: names must be a dict");
+        return NULL;
+    }
+    Columns c = {0};
+    c.names = args[5];
+    c.modality_name = args[6];
+    c.item_key = args[7];
+    PyObject *result = NULL;
+    int status = FAILED;
+    if ((c.keys = PyList_New(0)) == NULL || (c.rows = PyList_New(0)) == NULL || (c.requests = PyList_New(0)) == NULL
+        || (c.modalities = PyList_New(0)) == NULL || (c.first_items = PyList_New(0)) == NULL
+        || (c.seg_token_row = PyList_New(0)) == NULL || (c.seg_request = PyList_New(0)) == NULL
+        || (c.odd = PyList_New(0)) == NULL || (c.source_of = PyDict_New()) == NULL) {
+        goto done;
+    }
+    Py_ssize_t n_requests = PyObject_Length(args[0]);
+    if (n_requests < 0) {
+        goto done;
+    }
+    int64_t token_base = 0;
+    status = OK;
+    for (Py_ssize_t r = 0; r < n_requests && status == OK; r++) {
+        status = plan_request(&c, (PyObject **)args, r, &token_base);
+    }
+    if (status == OK) {
+        result = Py_BuildValue("(OOOOOOOOL)", c.keys, c.rows, c.requests, c.modalities, c.first_items,
+                               c.seg_token_row, c.seg_request, c.odd, (long long)token_base);
+    }
+done:
+    if (status == FAILED && (PyErr_ExceptionMatches(PyExc_AttributeError) || PyErr_ExceptionMatches(PyExc_TypeError)
+                             || PyErr_ExceptionMatches(PyExc_ValueError))) {
+        PyErr_Clear(); /* not the flat shape, or malformed: the general planner says which */
+        status = GIVE_UP;
+    }
+    if (status == GIVE_UP) {
+        result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(c.keys);
+    Py_XDECREF(c.rows);
+    Py_XDECREF(c.requests);
+    Py_XDECREF(c.modalities);
+    Py_XDECREF(c.first_items);
+    Py_XDECREF(c.seg_token_row);
+    Py_XDECREF(c.seg_request);
+    Py_XDECREF(c.odd);
+    Py_XDECREF(c.source_of);
+    Py_XDECREF(c.last_modality);
+    Py_XDECREF(c.last_name);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"flat_columns", (PyCFunction)(void (*)(void))flat_columns, METH_FASTCALL,
+     "flat_columns(item_lists, prefixes, extends, offsets_lists, row_offsets, names, modality_name, item_key)\n\n"
+     "The flat planner's columns (keys, rows, requests, modalities, first_items, seg_token_row,\n"
+     "seg_request, odd, n_tokens), or None when the step is not the flat shape."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_flat_columns", "The flat planner's pass over a step's items (see plan/flat.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__flat_columns(void) {
+    if ((s_precomputed = PyUnicode_InternFromString("precomputed_embeddings")) == NULL
+        || (s_offsets = PyUnicode_InternFromString("offsets")) == NULL
+        || (s_hash = PyUnicode_InternFromString("hash")) == NULL
+        || (s_modality = PyUnicode_InternFromString("modality")) == NULL) {
+        return NULL;
+    }
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,285 @@
+"""The flat planner's pass over the items, in C (``_flat_columns.c``) and in Python
+(``flat_columns_py``): on the same inputs both must build the same columns, give up on
+the same steps and raise the same exceptions; and a plan must not depend on which one
+ran. Inputs are drawn fresh (seeded) and include every malformed shape the pass checks."""
+
+from __future__ import annotations
+
+import enum
+import gc
+import random
+import shutil
+import sys
+import sysconfig
+
+import pytest
+import torch
+
+from mm_schedule import MMItem
+from mm_schedule.items import KNOWN_MODALITIES, modality_name
+from mm_schedule.keys import item_key
+from mm_schedule.plan import flat, plan_columns
+from mm_schedule.plan.general import plan_general
+
+C_PASS = flat._flat_columns_c
+
+
+class Modality(enum.Enum):
+    IMAGE = 1
+    AUDIO = 2
+
+
+def c_columns(*args):
+    return C_PASS(*args, KNOWN_MODALITIES, modality_name, item_key)
+
+
+def _needs_c_pass():
+    if C_PASS is None:
+        pytest.skip("the C pass is not built in this install")
+
+
+def test_c_pass_is_built_where_a_compiler_is():
+    """An install on a machine with a C compiler has the pass: if it is missing there, its
+    build broke and the Python fallback would hide that."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if C_PASS is None and shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) on this machine")
+    assert C_PASS is not None
+
+
+SPELLINGS = {"IMAGE": ["IMAGE", "image", Modality.IMAGE], "AUDIO": ["AUDIO", "audio", Modality.AUDIO]}
+
+
+def _span(rng, start, end):
+    return (start, end) if rng.random() < 0.7 else [start, end]
+
+
+def random_step(rng: random.Random, *, odd_inputs: bool):
+    """``(item_lists, prefixes, extends, offsets, row_offsets)``; with ``odd_inputs`` some
+    fields are malformed or outside the flat shape (the general planner's business)."""
+    item_lists, prefixes, extends, offsets, row_offsets = [], [], [], [], []
+    modality_of: dict = {}
+    base = 0
+    for r in range(rng.randint(1, 6)):
+        pos, items = rng.randint(0, 3), []
+        for _ in range(rng.randint(0, 5)):
+            length = rng.randint(1, 6)
+            h = rng.choice([rng.randint(1, 6), 100 * r + len(items) + 10, f"img-{rng.randint(0, 3)}",
+                            bytes([rng.randint(0, 3)])])
+            # One hash, one modality (a content hash covers what the item is), spelt any way.
+            kind = modality_of.setdefault(h, rng.choice(["IMAGE", "AUDIO"]))
+            modality = rng.choice(SPELLINGS[kind])
+            items.append(MMItem(hash=h, modality=modality, offsets=[_span(rng, pos, pos + length - 1)],
+                                feature=torch.zeros(1)))
+            pos += length + rng.randint(0, 2)
+        prefix, extend = rng.randint(0, 8), rng.randint(-1, 12)
+        given = [tuple(it.offsets[0]) for it in items] if rng.random() < 0.5 else None
+        row = None if rng.random() < 0.6 else base + rng.randint(0, 3)
+        base += max(extend, 0) + 3
+        if odd_inputs and items and rng.random() < 0.5:
+            victim = rng.randrange(len(items))
+            it = items[victim]
+            s, e = it.offsets[0]
+            kind = rng.randrange(12)
+            if kind == 0:
+                it.precomputed_embeddings = torch.zeros(e - s + 1, 2)
+            elif kind == 1:
+                it.offsets = [(s, e), (e + 50, e + 52)]  # two spans
+            elif kind == 2:
+                it.offsets = (s, e)  # a bare pair
+            elif kind == 3:
+                it.offsets = [(float(s), e)]
+            elif kind == 4:
+                it.offsets = [(e, s - 1)] if s > 0 else [(s, s - 1)]
+            elif kind == 5 and victim:
+                items[victim - 1], items[victim] = items[victim], items[victim - 1]  # out of order
+            elif kind == 6 and given is not None:
+                given[victim] = (s, e + 1)
+            elif kind == 7 and given is not None:
+                given = given[:-1]
+            elif kind == 8:
+                it.hash = 2.5  # not a hash type
+            elif kind == 9:
+                prefix = True
+            elif kind == 10:
+                it.offsets = [(s, e, 0)]
+            elif kind == 11:
+                row = -1.0
+        if odd_inputs and rng.random() < 0.05:
+            prefix = -1
+        item_lists.append(items if rng.random() < 0.8 else tuple(items))
+        prefixes.append(prefix)
+        extends.append(extend)
+        offsets.append(given)
+        row_offsets.append(row)
+    return item_lists, prefixes, extends, offsets, row_offsets
+
+
+def _same_columns(c, py):
+    assert (c is None) == (py is None), (c, py)
+    if c is None:
+        return
+    keys, rows, requests, modalities, first_items, seg_token_row, seg_request, odd, n_tokens = c
+    assert (keys, rows, requests, modalities, seg_token_row, seg_request, n_tokens) == (
+        py[0], py[1], py[2], py[3], py[5], py[6], py[8])
+    # Items are the caller's own objects: the same ones, not equal copies.
+    assert len(first_items) == len(py[4]) and all(a is b for a, b in zip(first_items, py[4]))
+    assert len(odd) == len(py[7])
+    for got, want in zip(odd, py[7]):
+        assert got[:4] == want[:4] and got[4] is want[4] and got[5] is want[5]
+    for column in (keys, rows, requests, modalities, first_items, seg_token_row, seg_request, odd):
+        assert type(column) is list
+
+
+@pytest.mark.parametrize("odd_inputs", [False, True], ids=["flat-shape", "malformed"])
+def test_c_and_python_passes_build_the_same_columns(odd_inputs):
+    _needs_c_pass()
+    rng = random.Random(f"flat columns {odd_inputs} {random.getrandbits(32)}")
+    outcomes = {"columns": 0, "gave up": 0}
+    for _ in range(400):
+        step = random_step(rng, odd_inputs=odd_inputs)
+        c, py = c_columns(*step), flat.flat_columns_py(*step)
+        _same_columns(c, py)
+        outcomes["gave up" if c is None else "columns"] += 1
+    assert outcomes["columns"] > 50
+    if odd_inputs:
+        assert outcomes["gave up"] > 50
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_plan_does_not_depend_on_which_pass_ran(monkeypatch, seed):
+    """Whole plans, C pass against Python pass and against the general planner, on steps
+    with cut items, repeated hashes and row offsets."""
+    _needs_c_pass()
+    rng = random.Random(f"flat plans {seed} {random.getrandbits(32)}")
+    columns = ("kinds", "keys", "rows", "requests", "modalities", "seg_source", "seg_src_row", "seg_rows",
+               "seg_packed_row", "seg_token_row", "seg_request", "encoder_batches", "n_rows", "n_tokens")
+    mixed = 0
+    compared = 0
+    for _ in range(150):
+        step = random_step(rng, odd_inputs=False)
+        with_c = flat.plan_flat(*step, 7)
+        monkeypatch.setattr(flat, "_flat_columns_c", None)
+        with_py = flat.plan_flat(*step, 7)
+        monkeypatch.setattr(flat, "_flat_columns_c", C_PASS)
+        if with_c is None:
+            assert with_py is None
+            continue
+        with_c, with_py = with_c.with_lookups(None), with_py.with_lookups(None)
+        for name in columns:
+            assert _plain(getattr(with_c, name)) == _plain(getattr(with_py, name)), name
+        # The general planner numbers a request's sources modality group by modality group,
+        # the flat one in position order: the same plan up to that numbering.
+        general = plan_general(*step, 7).with_lookups(None)
+        assert _by_key(with_c) == _by_key(general)
+        mixed += len(set(with_c.modalities)) > 1
+        compared += 1
+    assert compared > 60 and mixed > 10
+
+
+def _plain(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _by_key(plan):
+    """A plan with sources named by key: each segment's (key, src_row, n_rows, packed row,
+    token row, request), each source's (key, rows, first request, modality), and the
+    encoder calls as key tuples per modality in call order."""
+    keys = plan.keys
+    segments = list(zip(map(keys.__getitem__, plan.seg_source), plan.seg_src_row, plan.seg_rows,
+                        plan.seg_packed_row, plan.seg_token_row, plan.seg_request))
+    sources = sorted(zip(keys, plan.rows, plan.requests, plan.modalities))
+    calls: dict[str, list] = {}
+    for modality, batch in plan.encoder_batches:
+        calls.setdefault(modality, []).append(tuple(keys[s] for s in batch))
+    return segments, sources, calls, plan.n_rows, plan.n_tokens
+
+
+@pytest.mark.parametrize("value", [2**60 + 1, -(2**61), 2**64])
+def test_integers_beyond_the_c_range_go_to_the_general_planner(value):
+    """The C pass works on int64 within 2**60 and leaves larger values to the general
+    planner, which plans them exactly (no narrowing, no overflow)."""
+    _needs_c_pass()
+    items = [MMItem(hash=5, offsets=[(value, value + 3)], feature=torch.zeros(1))]
+    step = ([items], [value], [8], [None], [None])
+    assert c_columns(*step) is None
+    if value >= 0:
+        plan = plan_columns(*step, None, None)
+        assert list(plan.seg_token_row) == [0] and list(plan.rows) == [4] and plan.n_rows == 4
+    assert c_columns([[]], [0], [value], [None], [None]) is None  # a large extend alone is enough
+
+
+class _Raising:
+    """An item whose ``hash`` attribute raises ``error``."""
+
+    def __init__(self, error):
+        self.error = error
+        self.offsets = [(0, 1)]
+        self.precomputed_embeddings = None
+        self.modality = "IMAGE"
+
+    @property
+    def hash(self):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [AttributeError("no hash"), TypeError("bad"), ValueError("bad")])
+def test_lookup_errors_of_the_flat_shape_give_up_in_both(error):
+    _needs_c_pass()
+    step = ([[_Raising(error)]], [0], [4], [None], [None])
+    assert c_columns(*step) is None and flat.flat_columns_py(*step) is None
+
+
+def test_other_exceptions_propagate_from_both():
+    _needs_c_pass()
+    step = ([[_Raising(RuntimeError("item store closed"))]], [0], [4], [None], [None])
+    with pytest.raises(RuntimeError, match="item store closed"):
+        c_columns(*step)
+    with pytest.raises(RuntimeError, match="item store closed"):
+        flat.flat_columns_py(*step)
+
+
+def test_unhashable_and_odd_modalities_agree():
+    _needs_c_pass()
+    for modality in ([1], {"a": 1}, None, 3.5, Modality.AUDIO):
+        items = [MMItem(hash=1, modality=modality, offsets=[(0, 2)], feature=torch.zeros(1))]
+        step = ([items], [0], [4], [None], [None])
+        _same_columns(c_columns(*step), flat.flat_columns_py(*step))
+
+
+def test_the_c_pass_holds_no_reference_it_does_not_return():
+    """Run many times over one set of inputs: the refcounts of the inputs' objects (items,
+    hashes, spans, the step's lists) are the same before and after, and no object is
+    left behind."""
+    _needs_c_pass()
+    rng = random.Random("refcounts")
+    steps = [random_step(rng, odd_inputs=odd) for odd in (False, True) * 20]
+    watched = []
+    for step in steps:
+        for items in step[0]:
+            for it in items:
+                watched += [it, it.hash, it.offsets, it.modality]
+        watched += list(step)
+    for step in steps:  # first calls fill the modality-name table; later ones add nothing
+        c_columns(*step)
+    # Objects shared with the rest of the interpreter (small ints, None, interned names)
+    # change counts for reasons of their own: watched are the step's own objects.
+    watched = [obj for obj in watched if sys.getrefcount(obj) < 1000]
+    assert len(watched) > 200
+    gc.collect()
+    before = [sys.getrefcount(obj) for obj in watched]
+    count_before = len(gc.get_objects())
+    for _ in range(50):
+        for step in steps:
+            c_columns(*step)
+    gc.collect()
+    assert [sys.getrefcount(obj) for obj in watched] == before
+    assert len(gc.get_objects()) <= count_before + 10
+
+
+def test_wrong_arguments_are_refused():
+    _needs_c_pass()
+    with pytest.raises(TypeError, match="takes 8 arguments, got 2"):
+        C_PASS([], [])
+    with pytest.raises(TypeError, match="names must be a dict"):
+        C_PASS([], [], [], [], [], [], modality_name, item_key)
