@@ -9,7 +9,7 @@ it plans every source a miss; ``StepPlan.with_lookups`` then looks them up.
 
 The pass over the items runs in C (``_flat_columns.c``, the same checks building the same
 lists) where the extension was compiled, else as ``flat_columns_py`` below; on a thousand
-cached images that pass is most of a step's host time as bytecode.
+cached images that pass, as bytecode, is the largest part of a step's host time.
 """
 
 from __future__ import annotations
