@@ -259,13 +259,19 @@ def test_v1_and_v2_shaped_entry_points_agree():
 
 def test_release_check(monkeypatch):
     assert releases.check_release("0.33.0+cu129") == "0.33.0"
+    assert releases.check_release("0.34.0") == "0.34.0"
     for version in ("0.24.0", "0.34.0rc1", "0.33.1.dev5+g1234"):
-        with pytest.raises(vllm.UnsupportedVLLMRelease, match=rf"vLLM {re.escape(version)} .*supported: 0\.33\.0"):
+        with pytest.raises(vllm.UnsupportedVLLMRelease, match=rf"vLLM {re.escape(version)} .*compared: 0\.34\.0"):
             releases.check_release(version)
+
+
+def test_an_unlisted_release_that_cannot_be_imported_is_refused_until_accepted(monkeypatch):
+    """An unlisted release is probed on first use; one whose modules do not import (here:
+    no vLLM at all behind the metadata) cannot be, and is refused by every entry point."""
     monkeypatch.setattr(releases, "installed_version", lambda: "0.99.0")
-    releases.installed_release_checked.cache_clear()
+    releases.forget_installed_check()
     try:
-        with pytest.raises(vllm.UnsupportedVLLMRelease, match="accept_release"):
+        with pytest.raises(vllm.UnsupportedVLLMRelease, match=r"vLLM 0\.99\.0 .*could not be imported to verify it"):
             vllm.plan_rows([], [], [], [], {})
         with pytest.raises(vllm.UnsupportedVLLMRelease):
             vllm._merge_multimodal_embeddings(torch.zeros(1, 1), [torch.zeros(1, 1)], torch.ones(1, dtype=torch.bool))
@@ -273,7 +279,26 @@ def test_release_check(monkeypatch):
         assert vllm.plan_rows([], [], [], [], {}).n_rows == 0
     finally:
         releases._accepted.discard("0.99.0")
-        releases.installed_release_checked.cache_clear()
+        releases.forget_installed_check()
+
+
+def test_verify_without_vllm_says_so_in_one_line_and_exits_2():
+    if releases.installed_version() is not None:
+        pytest.skip("vLLM is installed here")
+    out = subprocess.run([sys.executable, "-m", "mm_schedule.integrations.vllm.verify"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    lines = (out.stdout + out.stderr).strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "vLLM is not installed" in lines[0], lines
+
+
+def test_the_integrations_errors_are_importable_from_it():
+    from mm_schedule import errors
+
+    for name in ("EncoderCacheMiss", "UnsupportedVLLMRelease", "EmbeddingLengthMismatch", "InvalidItemError",
+                 "KernelInputError", "MMScheduleError"):
+        cls = getattr(vllm, name)
+        assert issubclass(cls, errors.MMScheduleError) and name in vllm.__all__
+    assert vllm.EmbeddingLengthMismatch is errors.EmbeddingLengthMismatch
 
 
 def test_importing_the_integration_loads_neither_torch_nor_vllm():

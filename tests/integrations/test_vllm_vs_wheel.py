@@ -14,8 +14,11 @@ Marker ``realworld``: needs the package registry the first time.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
+import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -39,6 +42,10 @@ def _loader():
 
 
 wheel = _loader()
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
 _codes: dict[str, verify.VllmCode] = {}
 
 
@@ -49,7 +56,9 @@ def vllm_code(version: str) -> verify.VllmCode:
         except wheel.WheelUnavailable as exc:
             pytest.skip(f"vLLM {version}'s files are not in the wheel cache and the registry cannot provide them: {exc}")
         assert not any(k == "vllm" or k.startswith("vllm.") for k in sys.modules)  # nothing left behind
-        assert release.encoder_runner is not None and release.gpu_model_runner is not None
+        assert release.encoder_runner is not None
+        # Model runner v1 (vllm/v1/worker/gpu_model_runner.py) is gone from 0.34.0 on.
+        assert (release.gpu_model_runner is None) == (_key(version) >= (0, 34, 0))
         _codes[version] = verify.from_modules(version, release.modules)
     return _codes[version]
 
@@ -147,3 +156,145 @@ def test_the_triton_kernel_path_matches_under_the_interpreter(monkeypatch):
         trusted._triton_launcher.cache_clear()
     assert problems == []
     assert len(launches) >= 2 * 3  # each case: gather(), merge_into() and the drop-in merges, one launch each
+
+
+def test_0_34_gather_and_merge_are_0_33s_text():
+    """0.34.0's gather, placeholder structure and merge are 0.33.0's own text (model
+    runner v2's gather is the one 0.34.0 kept)."""
+    import dataclasses
+    import inspect
+
+    new, old = vllm_code("0.34.0"), vllm_code("0.33.0")
+    pairs = [(new.encoder_runner.gather_mm_embeddings, old.encoder_runner.gather_mm_embeddings),
+             (new.merge, old.merge), (new.modalities, old.modalities),
+             *((getattr(new.PlaceholderRange, m), getattr(old.PlaceholderRange, m))
+               for m in ("get_embeds_indices_in_range", "get_num_embeds"))]
+    for a, b in pairs:
+        assert inspect.getsource(a) == inspect.getsource(b), a.__qualname__
+    assert new.gpu_model_runner is None and old.gpu_model_runner is not None
+    fields = [(f.name, f.type) for f in dataclasses.fields(new.PlaceholderRange)]
+    assert fields == [(f.name, f.type) for f in dataclasses.fields(old.PlaceholderRange)]
+
+
+def _interleaved_step(code, hidden=8):
+    """One request whose video interleaves its audio (audio in video) and an image after
+    them, a second request with an image: vLLM's Omni models merge such steps by modality."""
+    gen = torch.Generator().manual_seed(7)
+    rng_mask = torch.tensor([True, False] * 6)
+    feats = [code.MultiModalFeatureSpec(data=None, modality="video", identifier="v",
+                                        mm_position=code.PlaceholderRange(1, 12, rng_mask)),
+             code.MultiModalFeatureSpec(data=None, modality="audio", identifier="a",
+                                        mm_position=code.PlaceholderRange(2, 11, torch.tensor([True, False] * 5 + [True]))),
+             code.MultiModalFeatureSpec(data=None, modality="image", identifier="i",
+                                        mm_position=code.PlaceholderRange(15, 4, None))]
+    other = [code.MultiModalFeatureSpec(data=None, modality="image", identifier="j",
+                                        mm_position=code.PlaceholderRange(0, 3, None))]
+    outputs = {k: torch.randn(n, hidden, generator=gen) for k, n in (("v", 6), ("a", 6), ("i", 4), ("j", 3))}
+    case = verify.Case(seed=7, dtype=torch.float32, hidden=hidden, req_ids=["omni", "img"],
+                       features={"omni": feats, "img": other}, computed=[0, 0], scheduled=[20, 4],
+                       prefill_lens=[20, 4], outputs=outputs, text=torch.randn(24, hidden, generator=gen))
+    return case
+
+
+def test_models_that_merge_by_modality_get_vllms_tags_from_the_drop_in_gather():
+    """vLLM's own ``get_mm_embedding_modalities`` (what Qwen2.5-Omni's and Qwen3-Omni's
+    interleaved merge calls) on our drop-in gather: every row is tagged, and the rows of
+    each modality, concatenated, are those of vLLM's own gather."""
+    code = vllm_code(NEWEST)
+    case = _interleaved_step(code)
+    theirs, theirs_mask = verify.vllm_gather_v2(code, case)
+    ours_rows, ours_mask = verify.ours_gather.gather_mm_embeddings(
+        types.SimpleNamespace(mm_features=case.features, encoder_outputs=case.outputs), case.req_ids, case.n_tokens,
+        case.scheduled, verify._query_starts(case), case.prefill_lens, case.computed)
+    assert torch.equal(ours_mask, theirs_mask)
+    their_kinds, our_kinds = code.modalities(theirs), code.modalities(ours_rows)
+    assert their_kinds == ["video", "audio", "image", "image"] and our_kinds == ["video", "audio", "image"]
+    for kind in ("video", "audio", "image"):
+        a = torch.cat([t for t, k in zip(theirs, their_kinds) if k == kind])
+        b = torch.cat([t for t, k in zip(ours_rows, our_kinds) if k == kind])
+        assert torch.equal(a, b), kind
+    # The control: rows packed without the tags are what vLLM's function refuses.
+    with pytest.raises(ValueError, match="Missing modality"):
+        code.modalities([torch.cat(theirs)])
+
+
+def _probe_with(monkeypatch, code):
+    from mm_schedule.integrations.vllm import releases
+
+    monkeypatch.setattr(releases, "installed_version", lambda: "0.99.0")
+    monkeypatch.setattr(verify, "from_installed", lambda: (code, []))
+    releases.forget_installed_check()
+    return releases
+
+
+def test_an_unlisted_release_that_agrees_is_accepted_with_one_warning(monkeypatch, caplog):
+    from mm_schedule.integrations import vllm as mmv
+
+    releases = _probe_with(monkeypatch, vllm_code(NEWEST))
+    try:
+        start = time.perf_counter()
+        with caplog.at_level(logging.WARNING, logger="mm_schedule.integrations.vllm"):
+            assert mmv.plan_rows([], [], [], [], {}).n_rows == 0
+            probe_s = time.perf_counter() - start
+            mmv._merge_multimodal_embeddings(torch.zeros(1, 1), [torch.ones(1, 1)], torch.ones(1, dtype=torch.bool))
+            mmv.plan_rows([], [], [], [], {})
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1 and "vLLM 0.99.0" in warnings[0].getMessage()
+        assert "agreed" in warnings[0].getMessage() and "0.99.0" in releases._accepted
+        assert probe_s < 2.0
+    finally:
+        releases._accepted.discard("0.99.0")
+        releases.forget_installed_check()
+
+
+@pytest.mark.parametrize("which", ["merge", "gather"])
+def test_an_unlisted_release_that_differs_in_one_function_is_refused_naming_it(monkeypatch, which):
+    import dataclasses
+
+    from mm_schedule.integrations import vllm as mmv
+
+    code = vllm_code(NEWEST)
+    if which == "merge":
+        honest_merge = code.merge
+
+        def merge(inputs_embeds, multimodal_embeddings, is_multimodal):  # one row's sign flipped
+            out = honest_merge(inputs_embeds, multimodal_embeddings, is_multimodal)
+            rows = is_multimodal.nonzero().flatten()
+            if rows.numel():
+                out[rows[-1]] *= -1
+            return out
+
+        changed = dataclasses.replace(code, merge=merge)
+    else:
+        class Runner(code.encoder_runner):
+            def gather_mm_embeddings(self, *args, **kwargs):  # the last item of the step dropped
+                rows, mask = super().gather_mm_embeddings(*args, **kwargs)
+                if rows:
+                    mask[mask.nonzero().flatten()[-rows[-1].shape[0]:]] = False
+                    rows = rows[:-1]
+                return rows, mask
+
+        changed = dataclasses.replace(code, encoder_runner=Runner)
+    releases = _probe_with(monkeypatch, changed)
+    try:
+        with pytest.raises(mmv.UnsupportedVLLMRelease, match=r"vLLM 0\.99\.0 .*differ.*: seed \d+") as first:
+            mmv.plan_rows([], [], [], [], {})
+        with pytest.raises(mmv.UnsupportedVLLMRelease) as again:  # decided once, raised by every entry point
+            mmv._merge_multimodal_embeddings(torch.zeros(1, 1), [torch.ones(1, 1)], torch.ones(1, dtype=torch.bool))
+        assert again.value is first.value and "0.99.0" not in releases._accepted
+        named = "merge_into()" if which == "merge" else "rows differ"
+        assert named in str(first.value)
+        mmv.accept_release("0.99.0")  # the explicit override still works
+        assert mmv.plan_rows([], [], [], [], {}).n_rows == 0
+    finally:
+        releases._accepted.discard("0.99.0")
+        releases.forget_installed_check()
+
+
+def test_untagged_rows_are_caught(monkeypatch):
+    """Negative control: the drop-in gather without vLLM's modality tags is reported."""
+    code = vllm_code(NEWEST)
+    monkeypatch.setattr(verify.ours_gather.StepRows, "gather_by_modality",
+                        lambda self: [] if self.gather() is None else [self.gather()])
+    problems = [p for seed in range(6) for p in verify.compare(code, verify.build_case(code, seed))]
+    assert any("get_mm_embedding_modalities" in p for p in problems)

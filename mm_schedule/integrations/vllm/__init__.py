@@ -11,9 +11,13 @@ Two calls, each a drop-in for the vLLM code it replaces (see docs/vllm.md):
 * the merge: ``_merge_multimodal_embeddings`` / ``merge_multimodal_embeddings``, with
   the signatures and results of ``vllm.model_executor.models.utils``.
 
-The releases it matches are ``SUPPORTED_RELEASES``; another installed vLLM is refused
-(``UnsupportedVLLMRelease``) at the first call. Importing this package imports neither
-vLLM nor torch; the submodules load on first use, and vLLM is never imported at all.
+The releases it was compared with are ``SUPPORTED_RELEASES``; another installed vLLM is
+verified at the first call by running its own gather and merge against ours on a few
+CPU steps (``verify_release``), then accepted with one logged warning or refused
+(``UnsupportedVLLMRelease``, naming the first difference); ``accept_release`` skips the
+probe. Every error the integration raises is importable from here. Importing this
+package imports neither vLLM nor torch; the submodules load on first use, and vLLM is
+imported only to verify an unlisted release.
 """
 
 from importlib import import_module
@@ -30,8 +34,14 @@ _EXPORTS = {
     "check_release": "releases",
     "accept_release": "releases",
     "installed_version": "releases",
+    "verify_release": "releases",
+    "forget_installed_check": "releases",
     "EncoderCacheMiss": "errors",
     "UnsupportedVLLMRelease": "errors",
+    "EmbeddingLengthMismatch": "errors",
+    "InvalidItemError": "errors",
+    "KernelInputError": "errors",
+    "MMScheduleError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

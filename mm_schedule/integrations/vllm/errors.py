@@ -3,7 +3,11 @@ builtin that vLLM itself raises in the same situation, so existing handlers keep
 
 from __future__ import annotations
 
-from ...errors import MMScheduleError
+from ...errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError, MMScheduleError
+
+# The project's errors this integration raises too, importable with its own.
+__all__ = ["EmbeddingLengthMismatch", "EncoderCacheMiss", "InvalidItemError", "KernelInputError", "MMScheduleError",
+           "UnsupportedVLLMRelease"]
 
 
 class EncoderCacheMiss(MMScheduleError, RuntimeError):
@@ -21,4 +25,5 @@ class EncoderCacheMiss(MMScheduleError, RuntimeError):
 
 
 class UnsupportedVLLMRelease(MMScheduleError, RuntimeError):
-    """The installed vLLM is not a release this integration was checked against."""
+    """The installed vLLM is not a release this integration was compared with, and its
+    own gather and merge could not be verified against ours where it runs."""

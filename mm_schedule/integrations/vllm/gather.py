@@ -32,8 +32,8 @@ import weakref
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
-from itertools import accumulate, chain, repeat
-from operator import add
+from itertools import accumulate, chain, islice, repeat
+from operator import add, attrgetter, le
 from typing import Any
 
 import torch
@@ -50,6 +50,7 @@ from ._engine import (
     SegmentTable,
     copy_segments,
     one_dtype,
+    plain_rows,
 )
 from .errors import EncoderCacheMiss
 from .releases import installed_release_checked
@@ -66,14 +67,19 @@ def _end(feature) -> int:
 
 class _EmbedRuns:
     """An ``is_embed`` mask as runs of true positions: ``starts``, ``ends`` (relative to
-    the range) and ``before`` (embedding rows of the runs before each)."""
+    the range) and ``before`` (embedding rows of the runs before each); ``length`` and
+    ``version`` (the tensor's in-place version counter) say which mask they were read from."""
 
-    __slots__ = ("before", "counts", "ends", "rows", "starts")
+    __slots__ = ("before", "counts", "ends", "length", "rows", "starts", "version")
 
     def __init__(self, is_embed, length: int, what: str) -> None:
         if not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length:
             shape = tuple(is_embed.shape) if isinstance(is_embed, torch.Tensor) else type(is_embed).__name__
             raise InvalidItemError(f"{what}: is_embed must be a 1-D mask of the range's length {length}, got {shape}")
+        if is_embed.dtype != torch.bool:
+            # vLLM indexes with it; an integer or float tensor would be read as something else.
+            raise InvalidItemError(f"{what}: is_embed must be a bool mask, got dtype {is_embed.dtype}")
+        self.length, self.version = length, is_embed._version
         mask = is_embed.detach().to("cpu", torch.int8)
         edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
         self.starts = edges.eq(1).nonzero().flatten().tolist()
@@ -84,7 +90,9 @@ class _EmbedRuns:
 
 
 # Runs of the masks seen so far, by the mask tensor (a request's features live for all of
-# its steps); an entry whose tensor is gone is dropped when the table is pruned.
+# its steps); an entry whose tensor is gone is dropped when the table is pruned. An entry
+# is used only for the same tensor, unchanged since (its version counter) and under a
+# range of the same length: anything else is read and checked again.
 _RUNS: dict[int, tuple[Any, _EmbedRuns]] = {}
 _RUNS_LIMIT = 1 << 14
 
@@ -93,7 +101,9 @@ def _runs_of(position, request: str, key: str) -> _EmbedRuns:
     is_embed = position.is_embed
     entry = _RUNS.get(id(is_embed))
     if entry is not None and entry[0]() is is_embed:
-        return entry[1]
+        runs = entry[1]
+        if runs.length == position.length and runs.version == is_embed._version:
+            return runs
     runs = _EmbedRuns(is_embed, position.length, f"request {request!r}, mm_hash {key!r}")
     if len(_RUNS) >= _RUNS_LIMIT:
         for key in [k for k, (ref, _) in _RUNS.items() if ref() is None] or list(_RUNS):
@@ -123,12 +133,13 @@ class StepRows:
     """One step's multimodal rows, planned (see the module docstring). Build it with
     ``plan_rows`` (or the vLLM-shaped wrappers); it holds the encoder outputs it reads."""
 
-    __slots__ = ("dtype", "fused", "hidden", "keys", "mixed", "n_rows", "n_tokens", "overlap", "sources")
+    __slots__ = ("dtype", "fused", "hidden", "keys", "mixed", "modalities", "n_rows", "n_tokens", "overlap", "sources")
 
     def __init__(self, n_tokens: int) -> None:
         self.n_tokens = n_tokens
         self.sources: list[Any] = []
         self.keys: list[str] = []
+        self.modalities: list[str | None] = []  # each source's feature's modality, where it has one
         # Segments, flat: (source, src_row, n_rows, token_row) in vLLM's order (request, item,
         # position), so the packed rows are the same segments one after another. Columns are
         # slices of this list.
@@ -166,6 +177,35 @@ class StepRows:
         table = SegmentTable(src, src_row, counts, rows, whole_sources_rows=whole)
         copy_segments(self._sources_for(out.dtype), table, out)
         return out
+
+    def gather_by_modality(self) -> list:
+        """The packed rows as vLLM's gather list needs them for models that merge by
+        modality: one view of ``gather()`` per run of consecutive rows of one modality,
+        each tagged as vLLM's gather tags its items (the tensor's ``modality`` attribute,
+        which ``vllm.multimodal.utils.get_mm_embedding_modalities`` reads). Grouped by
+        modality, the views concatenate to what vLLM's per-item list does. Empty when the
+        step has no rows."""
+        rows = self.gather()
+        if rows is None:
+            return []
+        modalities = self.modalities
+        if len(set(modalities)) == 1:
+            pieces = [(0, self.n_rows, modalities[0])]
+        else:
+            pieces, start, row, current = [], 0, 0, modalities[self.fused[0]]
+            for source, count in zip(self.fused[0::4], self.fused[2::4]):
+                if modalities[source] != current:
+                    pieces.append((start, row, current))
+                    start, current = row, modalities[source]
+                row += count
+            pieces.append((start, row, current))
+        views = []
+        for start, end, modality in pieces:
+            view = rows if len(pieces) == 1 else rows[start:end]
+            if modality is not None:
+                view.modality = modality
+            views.append(view)
+        return views
 
     def is_mm_embed(self, *, device="cpu", pin_memory: bool = False):
         """vLLM's ``is_mm_embed``: a bool ``[n_tokens]`` mask, true at the token rows that
@@ -231,8 +271,8 @@ class StepRows:
         if dst.dim() != 2 or dst.shape[0] < rows or dst.shape[1] != self.hidden:
             raise KernelInputError(
                 f"{what} has shape {tuple(dst.shape)}; the step needs at least [{rows}, {self.hidden}]")
-        if not dst.is_contiguous():
-            raise KernelInputError(f"{what} must be contiguous to be written in place")
+        if not dst.is_contiguous() or dst.is_neg():
+            raise KernelInputError(f"{what} must be contiguous, and not a negated view, to be written in place")
         if dst.device != self.device:
             raise KernelInputError(f"{what} is on {dst.device}, the encoder outputs on {self.device}")
         if not dst.is_floating_point():
@@ -280,7 +320,7 @@ def plan_rows(
     prefill = None if prefill_lens is None else _ints(prefill_lens, n, "prefill_lens")
     step = StepRows(n_tokens)
     source_of: dict[str, int] = {}
-    sources = step.sources
+    sources, modalities = step.sources, step.modalities
     fused = step.fused.extend
     get_output = encoder_outputs.get
     expected: list[int] = []  # rows each source must have
@@ -297,9 +337,12 @@ def plan_rows(
         # The window's features (vLLM's bisection; a window over the whole prompt needs none).
         lo = 0 if first <= features[0].mm_position.offset else bisect_left(features, first + 1, key=_end)
         hi = len(features) if features[-1].mm_position.offset < last else bisect_left(features, last, key=_offset)
+        part = lo or hi < len(features)
+        if part:
+            _check_ranges(req_ids[i], features)  # the loop below sees only the window's part
         base = starts[i] - first  # token row of prompt position 0 of this request
         previous_offset = previous_end = -1
-        for feature in features[lo:hi] if lo or hi < len(features) else features:
+        for feature in features[lo:hi] if part else features:
             position = feature.mm_position
             offset, length = position.offset, position.length
             key = feature.identifier
@@ -332,6 +375,7 @@ def plan_rows(
                     raise EncoderCacheMiss(request=req_ids[i], mm_hash=key, offset=offset, length=length)
                 source = source_of[key] = len(sources)
                 sources.append(output)
+                modalities.append(getattr(feature, "modality", None))
                 expected.append(rows_needed)
                 users.append(i)
             elif expected[source] != rows_needed:
@@ -377,15 +421,41 @@ def _check_order(step: StepRows, request: str, features, feature, previous_offse
     """The slow path of the loop's one comparison: a malformed range raises, an item that
     starts inside the previous one is recorded as an overlap (vLLM ORs their masks)."""
     position = feature.mm_position
-    offset, length, key = position.offset, position.length, feature.identifier
-    if offset < 0 or length <= 0:
-        raise InvalidItemError(f"request {request!r}, mm_hash {key!r}: placeholder range offset {offset},"
-                               f" length {length} (an offset >= 0 and a length >= 1 are needed)")
+    if position.offset < 0 or position.length <= 0:
+        raise _bad_range(request, feature)
     previous = features[[id(f) for f in features].index(id(feature)) - 1]
-    if offset < previous_offset:
-        raise InvalidItemError(f"request {request!r}: mm_features are not sorted by offset ({previous.identifier!r} at"
-                               f" {previous_offset} before {key!r} at {offset})")
-    step.overlap = step.overlap or (request, previous.identifier, key)
+    if position.offset < previous_offset:
+        raise _unsorted(request, previous, feature)
+    step.overlap = step.overlap or (request, previous.identifier, feature.identifier)
+
+
+_offset_of, _length_of = attrgetter("mm_position.offset"), attrgetter("mm_position.length")
+
+
+def _check_ranges(request: str, features) -> None:
+    """All of a request's ranges, for a step whose window reads only some of them: sorted
+    by offset, offsets >= 0, lengths >= 1. vLLM bisects the list for the window, which
+    assumes that order; on another one the window's items would be the wrong ones."""
+    offsets = list(map(_offset_of, features))
+    if offsets[0] >= 0 and min(map(_length_of, features)) > 0 and all(map(le, offsets, islice(offsets, 1, None))):
+        return
+    for k, feature in enumerate(features):
+        if feature.mm_position.offset < 0 or feature.mm_position.length <= 0:
+            raise _bad_range(request, feature)
+        if k and offsets[k] < offsets[k - 1]:
+            raise _unsorted(request, features[k - 1], feature)
+
+
+def _bad_range(request: str, feature) -> InvalidItemError:
+    position = feature.mm_position
+    return InvalidItemError(f"request {request!r}, mm_hash {feature.identifier!r}: placeholder range offset"
+                            f" {position.offset}, length {position.length} (an offset >= 0 and a length >= 1 are needed)")
+
+
+def _unsorted(request: str, previous, feature) -> InvalidItemError:
+    return InvalidItemError(f"request {request!r}: mm_features are not sorted by offset ({previous.identifier!r} at"
+                            f" {previous.mm_position.offset} before {feature.identifier!r} at"
+                            f" {feature.mm_position.offset})")
 
 
 def _check_outputs(step: StepRows, expected: list[int], users: list[str]) -> None:
@@ -411,8 +481,8 @@ def _check_outputs(step: StepRows, expected: list[int], users: list[str]) -> Non
             if not output.is_floating_point():
                 _bad_output(step, index, users, hidden)
             promoted = torch.promote_types(promoted, output.dtype)
-        if not output.is_contiguous():
-            sources[index] = output.contiguous()
+        if output.is_neg() or not output.is_contiguous():
+            sources[index] = plain_rows(output)  # copied as raw rows: a negated view's bytes are not its values
     if not first.is_floating_point():
         _bad_output(step, 0, users, hidden)
     index = first.get_device()
@@ -448,9 +518,10 @@ def plan_from_scheduler_output(scheduler_output, req_ids: Sequence[str], request
 def gather_mm_embeddings_v1(scheduler_output, req_ids: Sequence[str], requests: Mapping[str, Any],
                             encoder_cache: Mapping[str, Any], shift_computed_tokens: int = 0):
     """Model runner v1's ``_gather_mm_embeddings`` result, ``(mm_embeds, is_mm_embed)``:
-    the rows as one packed tensor in a list (what ``_merge_multimodal_embeddings``
-    flattens them to anyway) and the mask. Not for models with multimodal pruning and
-    M-RoPE, whose runner recomputes positions from the per-item rows."""
+    the rows packed (what ``_merge_multimodal_embeddings`` flattens them to anyway), one
+    tensor per run of one modality, tagged with it as vLLM tags its items (see
+    ``StepRows.gather_by_modality``), and the mask. Not for models with multimodal pruning
+    and M-RoPE, whose runner recomputes positions from the per-item rows."""
     step = plan_from_scheduler_output(scheduler_output, req_ids, requests, encoder_cache, shift_computed_tokens)
     return _as_vllm_result(step)
 
@@ -473,5 +544,4 @@ def gather_mm_embeddings(encoder_cache, req_ids: Sequence[str], total_num_schedu
 
 
 def _as_vllm_result(step: StepRows):
-    rows = step.gather()
-    return ([] if rows is None else [rows]), step.is_mm_embed()
+    return step.gather_by_modality(), step.is_mm_embed()

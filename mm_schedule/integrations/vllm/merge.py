@@ -31,6 +31,7 @@ from ._engine import (
     SegmentTable,
     copy_segments,
     one_dtype,
+    plain_rows,
 )
 from .releases import installed_release_checked
 
@@ -86,15 +87,17 @@ def _merge_multimodal_embeddings(inputs_embeds, multimodal_embeddings: Any, is_m
     flat = inputs_embeds.reshape(-1, inputs_embeds.shape[-1]) if inputs_embeds.dim() != 2 else inputs_embeds
     if is_multimodal.numel() != flat.shape[0]:
         raise KernelInputError(f"is_multimodal has {is_multimodal.numel()} entries, inputs_embeds {flat.shape[0]} rows")
-    if not flat.is_contiguous() or flat.data_ptr() != inputs_embeds.data_ptr():
-        # Not writable through a flat view: vLLM's own boolean index works on any layout.
+    if not flat.is_contiguous() or flat.data_ptr() != inputs_embeds.data_ptr() or flat.is_neg():
+        # Not writable as raw rows through a flat view: vLLM's own boolean index works on any
+        # layout (and writes a negated view's values, not its bytes).
         inputs_embeds[is_multimodal] = torch.cat(sources).to(dtype=inputs_embeds.dtype)
         return inputs_embeds
     for t in sources:
-        if t.shape[1] != flat.shape[1] or t.device != flat.device:
-            raise KernelInputError(f"a multimodal embedding of shape {tuple(t.shape)} on {t.device} cannot go into"
-                                   f" inputs_embeds of shape {tuple(flat.shape)} on {flat.device}")
-    sources = [t if t.is_contiguous() else t.contiguous() for t in sources]
+        if t.shape[1] != flat.shape[1] or t.device != flat.device or not t.is_floating_point():
+            raise KernelInputError(f"a multimodal embedding of shape {tuple(t.shape)}, dtype {t.dtype} on {t.device}"
+                                   f" cannot go into inputs_embeds of shape {tuple(flat.shape)} on {flat.device}"
+                                   " (floating-point rows of its hidden size on its device are needed)")
+    sources = [t if t.is_contiguous() and not t.is_neg() else plain_rows(t) for t in sources]
     if len({t.dtype for t in sources}) > 1:
         sources = one_dtype(sources, flat.dtype)
     copy_segments(sources, _table(sources, starts, ends), flat)

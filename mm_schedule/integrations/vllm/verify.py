@@ -17,7 +17,10 @@ import without a GPU)::
 
     python -m mm_schedule.integrations.vllm.verify [--cases 200] [--seed 0]
 
-exits 0 when every case matches and 1, listing the differences, when one does not.
+exits 0 when every case matches, 1, listing the differences, when one does not, and 2,
+with one line saying why, when there is no vLLM (or torch) to compare with. The same
+cases, fewer of them, are the probe that verifies an unlisted release on first use
+(``releases.verify_release``).
 """
 
 from __future__ import annotations
@@ -29,10 +32,14 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError:  # the command-line check says so in one line; nothing else runs without it
+    torch = None
 
-from . import gather as ours_gather
-from . import merge as ours_merge
+if torch is not None:
+    from . import gather as ours_gather
+    from . import merge as ours_merge
 
 
 @dataclass
@@ -46,6 +53,9 @@ class VllmCode:
     encoder_runner: Any = None  # the EncoderRunner class (model runner v2), when present
     gpu_model_runner: Any = None  # the GPUModelRunner class (v1), when present
     public_merge: Any = None  # merge_multimodal_embeddings, in the releases that have it
+    # get_mm_embedding_modalities (vllm.multimodal.utils), in the releases whose gathers tag
+    # each item with its modality for the models that merge by modality
+    modalities: Any = None
 
 
 def from_modules(version: str, modules: dict[str, Any]) -> VllmCode:
@@ -54,12 +64,14 @@ def from_modules(version: str, modules: dict[str, Any]) -> VllmCode:
     utils = modules["vllm.model_executor.models.utils"]
     runner_v2 = modules.get("vllm.v1.worker.gpu.mm.encoder_runner")
     runner_v1 = modules.get("vllm.v1.worker.gpu_model_runner")
+    mm_utils = modules.get("vllm.multimodal.utils")
     return VllmCode(
         version=version, PlaceholderRange=inputs.PlaceholderRange, MultiModalFeatureSpec=inputs.MultiModalFeatureSpec,
         merge=utils._merge_multimodal_embeddings,
         encoder_runner=getattr(runner_v2, "EncoderRunner", None),
         gpu_model_runner=getattr(runner_v1, "GPUModelRunner", None),
         public_merge=getattr(utils, "merge_multimodal_embeddings", None),
+        modalities=getattr(mm_utils, "get_mm_embedding_modalities", None),
     )
 
 
@@ -71,7 +83,7 @@ def from_installed() -> tuple[VllmCode, list[str]]:
     import vllm
 
     modules, skipped = {}, []
-    for name in ("vllm.multimodal.inputs", "vllm.model_executor.models.utils"):
+    for name in ("vllm.multimodal.inputs", "vllm.multimodal.utils", "vllm.model_executor.models.utils"):
         modules[name] = importlib.import_module(name)
     for name in ("vllm.v1.worker.gpu.mm.encoder_runner", "vllm.v1.worker.gpu_model_runner"):
         try:
@@ -105,8 +117,12 @@ class Case:
         return sum(self.scheduled)
 
 
-def build_case(code: VllmCode, seed: int, *, dtype=torch.float32, hidden: int = 32, n_requests: int | None = None,
+MODALITIES = ("image", "image", "video", "audio")  # mostly images, as in serving
+
+
+def build_case(code: VllmCode, seed: int, *, dtype=None, hidden: int = 32, n_requests: int | None = None,
                embed_masks: bool = True, shared: bool = True, chunked: bool = True) -> Case:
+    dtype = dtype or torch.float32
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     n_requests = n_requests or rng.randint(1, 6)
@@ -119,8 +135,9 @@ def build_case(code: VllmCode, seed: int, *, dtype=torch.float32, hidden: int = 
         feats = []
         for _ in range(rng.randint(0, 4)):
             if shared and shared_pool and rng.random() < 0.4:
-                key, length, is_embed = rng.choice(shared_pool)
+                key, length, is_embed, modality = rng.choice(shared_pool)
             else:
+                modality = rng.choice(MODALITIES)
                 length = rng.randint(1, 24)
                 is_embed = None
                 if embed_masks and rng.random() < 0.5:
@@ -130,8 +147,8 @@ def build_case(code: VllmCode, seed: int, *, dtype=torch.float32, hidden: int = 
                 key = f"mm-{seed}-{len(outputs) + len(shared_pool)}"
                 rows = length if is_embed is None else int(is_embed.sum())
                 outputs[key] = torch.randn(rows, hidden, generator=gen).to(dtype)
-                shared_pool.append((key, length, is_embed))
-            feats.append(code.MultiModalFeatureSpec(data=None, modality="image", identifier=key,
+                shared_pool.append((key, length, is_embed, modality))
+            feats.append(code.MultiModalFeatureSpec(data=None, modality=modality, identifier=key,
                                                     mm_position=code.PlaceholderRange(pos, length, is_embed)))
             pos += length + rng.randint(0, 4)
         prompt = pos + rng.randint(0, 3) + 1
@@ -247,7 +264,21 @@ def compare(code: VllmCode, case: Case) -> list[str]:
             problems.append(f"{where}: {name} + merge differs from vLLM's")
         if rows and not _same(code.merge(case.text.clone(), rows, mask), expected):
             problems.append(f"{where}: vLLM's merge of our {name} differs from its merge of its own gather")
+        if code.modalities is not None and theirs_list and _by_modality(code, rows) != _by_modality(code, theirs_list):
+            problems.append(f"{where}: {name}'s rows grouped by vLLM's get_mm_embedding_modalities differ from"
+                            " vLLM's own gather's")
     return problems
+
+
+def _by_modality(code: VllmCode, rows: list) -> dict:
+    """The rows of each modality, concatenated in order (what the models that merge by
+    modality write), as comparable bits; vLLM's own function reads the tags."""
+    try:
+        modalities = code.modalities(rows)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {m: _bits(torch.cat([r for r, k in zip(rows, modalities) if k == m]).contiguous()).tolist()
+            for m in sorted(set(modalities))}
 
 
 def run_cases(code: VllmCode, n_cases: int = 200, seed: int = 0) -> tuple[int, list[str]]:
@@ -265,7 +296,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    code, skipped = from_installed()
+    from .releases import installed_version
+
+    version = installed_version()
+    if torch is None or version is None:
+        missing = "torch" if torch is None else "vLLM"
+        print(f"{parser.prog}: {missing} is not installed in this Python environment ({sys.executable}), so"
+              " there is no vLLM to compare with; run it where vLLM is installed", file=sys.stderr)
+        return 2
+    try:
+        code, skipped = from_installed()
+    except Exception as exc:
+        print(f"{parser.prog}: vLLM {version} is installed but its modules do not import"
+              f" ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
     for line in skipped:
         print(f"not compared: {line}")
     from .releases import accept_release
