@@ -352,3 +352,152 @@ def test_on_a_gpu_the_kernel_writes_the_reference_rows(monkeypatch, dtype):
     finally:
         monkeypatch.undo()
         refresh_backend()
+
+
+# -- strict where vLLM is undefined ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("is_embed", [
+    torch.tensor([2, 0, 1, 1]),  # read as runs, it would drop position 0
+    torch.tensor([0.5, 1.0, 1.0, 1.0]),
+    torch.tensor([1, 1, 1, 1], dtype=torch.uint8),
+])
+def test_a_non_bool_is_embed_is_refused_before_anything_is_written(is_embed):
+    outputs = {"a": torch.randn(4, 8)}
+    inputs = torch.randn(6, 8)
+    before = inputs.clone()
+    with pytest.raises(InvalidItemError, match=rf"mm_hash 'a': is_embed must be a bool mask, got dtype {is_embed.dtype}"):
+        vllm.plan_rows(["r"], [[feature("a", 1, 4, is_embed)]], [0], [6], outputs).merge_into(inputs)
+    assert torch.equal(inputs, before)
+    scheduler_output = types.SimpleNamespace(num_scheduled_tokens={"r": 6})
+    requests = {"r": types.SimpleNamespace(num_computed_tokens=0, mm_features=[feature("a", 1, 4, is_embed)])}
+    with pytest.raises(InvalidItemError, match="bool mask"):
+        vllm.gather_mm_embeddings_v1(scheduler_output, ["r"], requests, outputs)
+
+
+def test_a_mask_seen_before_is_checked_again_under_another_range_and_after_a_change():
+    is_embed = torch.tensor([True, False, True, True])
+    outputs = {"a": torch.randn(3, 8)}
+    assert vllm.plan_rows(["r"], [[feature("a", 0, 4, is_embed)]], [0], [4], outputs).n_rows == 3
+    for length in (3, 5):  # the same tensor object under a range of another length
+        with pytest.raises(InvalidItemError, match=rf"range's length {length}, got \(4,\)"):
+            vllm.plan_rows(["r"], [[feature("a", 0, length, is_embed)]], [0], [6], outputs)
+        with pytest.raises(InvalidItemError, match=rf"range's length {length}"):  # and again, not remembered
+            vllm.plan_rows(["r"], [[feature("a", 0, length, is_embed)]], [0], [6], outputs)
+    is_embed[1] = True  # changed in place: four embedding rows now, read again
+    reqs = [("r", [feature("a", 0, 4, is_embed)], 0, 4)]
+    with pytest.raises(EmbeddingLengthMismatch, match="expected 4, got 3"):
+        plan(reqs, outputs)
+    outputs = {"a": torch.randn(4, 8)}
+    text = torch.randn(4, 8)
+    assert torch.equal(plan(reqs, outputs).merge_into(text.clone()), reference(reqs, outputs, text)[2])
+    is_embed.resize_(5)  # resized in place under the same range: refused
+    with pytest.raises(InvalidItemError, match=r"got \(5,\)"):
+        plan(reqs, outputs)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_unsorted_features_always_raise(seed):
+    """Whatever window the step reads, a request whose features are out of offset order is
+    refused (vLLM bisects the list for the window, which needs that order)."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 6)
+    feats, pos, outputs = [], 0, {}
+    for k in range(n):
+        length = rng.randint(1, 6)
+        feats.append(feature(f"f{k}", pos, length))
+        outputs[f"f{k}"] = torch.randn(length, 4)
+        pos += length + rng.randint(0, 3)
+    i = rng.randrange(n - 1)
+    feats[i], feats[i + 1] = feats[i + 1], feats[i]  # one inversion, anywhere
+    done = rng.randint(0, pos)
+    count = rng.randint(1, pos + 2 - done)
+    with pytest.raises(InvalidItemError, match="not sorted by offset"):
+        vllm.plan_rows(["r"], [feats], [done], [count], outputs)
+
+
+def test_malformed_ranges_outside_the_window_are_refused():
+    outputs = {"a": torch.randn(2, 4), "b": torch.randn(2, 4)}
+    for bad in (feature("b", 10, 0), feature("b", 10, -2)):
+        with pytest.raises(InvalidItemError, match=r"mm_hash 'b': placeholder range offset 10"):
+            vllm.plan_rows(["r"], [[feature("a", 0, 2), bad]], [0], [3], outputs)
+
+
+# A range at positions [10, 16) whose embedding positions are 12 and 13 only.
+TEXT_AROUND = torch.tensor([False, False, True, True, False, False])
+
+
+@pytest.mark.parametrize("window, needs", [
+    ((10, 12), False), ((10, 13), True),  # the leading text positions, then one more
+    ((14, 16), False), ((13, 16), True),  # the trailing ones, then one before
+    ((0, 12), False), ((0, 13), True),  # a window from before the range to its boundary
+    ((14, 30), False), ((13, 30), True),  # and from its boundary past the range
+    ((11, 12), False), ((12, 13), True), ((13, 14), True), ((14, 15), False),
+])
+def test_a_window_of_only_text_positions_needs_no_encoder_output(window, needs):
+    first, last = window
+    feats = [feature("img", 10, 6, TEXT_AROUND)]
+    if needs:
+        with pytest.raises(vllm.EncoderCacheMiss, match="mm_hash 'img'"):
+            vllm.plan_rows(["r"], [feats], [first], [last - first], {})
+    else:
+        step = vllm.plan_rows(["r"], [feats], [first], [last - first], {})
+        assert step.n_rows == 0 and not step.is_mm_embed().any()
+    outputs = {"img": torch.randn(2, 4)}
+    reqs = [("r", feats, first, last - first)]
+    text = torch.randn(last - first, 4)
+    rows, mask, merged = reference(reqs, outputs, text)
+    step = plan(reqs, outputs)
+    assert step.n_rows == (0 if rows is None else rows.shape[0]) and (step.n_rows > 0) == needs
+    assert torch.equal(step.is_mm_embed(), mask) and torch.equal(step.merge_into(text.clone()), merged)
+
+
+@pytest.fixture(params=["torch", "triton"])
+def copy_backend(request, monkeypatch):
+    from mm_schedule.kernels.backend import refresh_backend
+
+    if request.param == "triton":
+        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            pytest.skip("run with TRITON_INTERPRET=1 (as `make test` does) to run the Triton kernels on CPU tensors")
+        pytest.importorskip("triton")
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
+    refresh_backend()
+    import mm_schedule.kernels.trusted as trusted
+
+    trusted._triton_launcher.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    refresh_backend()
+    trusted._triton_launcher.cache_clear()
+
+
+def test_negated_views_are_copied_with_their_values(copy_backend):
+    base = {"a": torch.randn(4, 8), "b": torch.randn(3, 8)}
+    outputs = {"a": torch._neg_view(base["a"]), "b": base["b"]}
+    assert outputs["a"].is_neg()
+    reqs = [("r", [feature("a", 1, 4), feature("b", 6, 3)], 0, 10)]
+    text = torch.randn(10, 8)
+    rows, mask, merged = reference(reqs, {"a": -base["a"], "b": base["b"]}, text)
+    step = plan(reqs, outputs)
+    assert torch.equal(step.merge_into(torch.full_like(text, float("nan")).copy_(text)), merged)
+    out = torch.full((rows.shape[0], 8), float("nan"))
+    assert torch.equal(step.gather(out=out), rows)
+    assert torch.equal(vllm._merge_multimodal_embeddings(text.clone(), [outputs["a"], outputs["b"]], mask), merged)
+    # A negated destination: the drop-in merge writes its values (vLLM's boolean index);
+    # the fused merge and gather(out=) refuse it rather than write its bytes.
+    negated = torch._neg_view(text.clone())  # holds -text
+    expected = reference(reqs, {"a": -base["a"], "b": base["b"]}, -text)[2]
+    assert torch.equal(vllm._merge_multimodal_embeddings(negated, [-base["a"], base["b"]], mask), expected)
+    for call in (lambda: step.merge_into(torch._neg_view(text.clone())),
+                 lambda: step.gather(out=torch._neg_view(torch.zeros(rows.shape[0], 8)))):
+        with pytest.raises(KernelInputError, match="negated view"):
+            call()
+
+
+def test_conjugated_views_are_refused():
+    conj = torch.randn(4, 8, dtype=torch.complex64).conj()
+    assert conj.is_conj()
+    with pytest.raises(KernelInputError, match="floating point"):
+        vllm.plan_rows(["r"], [[feature("a", 0, 4)]], [0], [4], {"a": conj})
+    with pytest.raises(KernelInputError, match="floating-point rows"):
+        vllm._merge_multimodal_embeddings(torch.zeros(4, 8), [conj], torch.ones(4, dtype=torch.bool))
