@@ -5,13 +5,35 @@ input that is wrong, ``RuntimeError`` for a state that should not happen) so exi
 ``except`` clauses in serving code keep working. Messages name the request index, the
 item hash and the expected and received counts, because a serving engine logs them
 for one request among thousands.
+
+Every error survives ``pickle`` (engines run the scheduler, the tokenizer and the
+tensor-parallel workers in separate processes and send errors between them): the base
+class pickles the builtin's arguments (the message) and the instance's fields, and
+unpickling restores both without calling the subclass's keyword-only constructor.
 """
 
 from __future__ import annotations
 
 
+def _unpickled(cls: type, args: tuple, fields: dict) -> BaseException:
+    # Built by the builtin base that lays the instance out (OSError for a TimeoutError
+    # subclass, which reads its errno and file names from ``args``), as the subclass's
+    # constructor ends up doing; the subclass's own constructor is not called again.
+    base = max((c for c in cls.__mro__ if c.__module__ == "builtins"), key=lambda c: c.__basicsize__)
+    error = base.__new__(cls, *args)
+    base.__init__(error, *args)
+    error.__dict__.update(fields)
+    return error
+
+
 class MMScheduleError(Exception):
     """Base class of every error raised by mm_schedule."""
+
+    def __reduce__(self):
+        # The builtin's own reduction gives its constructor arguments (OSError adds its
+        # file names to ``args``); the fields are the instance's ``__dict__``.
+        arguments = super().__reduce__()[1]
+        return _unpickled, (type(self), arguments, dict(self.__dict__))
 
 
 class EmbeddingLengthMismatch(MMScheduleError, ValueError):

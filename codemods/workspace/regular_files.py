@@ -12,6 +12,8 @@ import errno
 import os
 import stat
 
+from ...errors import MMScheduleError
+
 _KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
 
@@ -21,8 +23,9 @@ def kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "a special file")
 
 
-class NotRegularFile(OSError):
-    """The path names a folder, a FIFO, a socket or a device, not a regular file."""
+class NotRegularFile(MMScheduleError, OSError):
+    """The path names a folder, a FIFO, a socket or a device, not a regular file (an
+    ``OSError`` with errno ``EINVAL`` and the path as its file name)."""
 
     def __init__(self, path, mode: int) -> None:
         super().__init__(errno.EINVAL, f"not a regular file ({kind(mode)})", os.fsdecode(path))
