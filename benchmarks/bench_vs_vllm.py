@@ -5,9 +5,10 @@ vLLM runs from its official wheel (the few source files read out of it by
 ``_vllm_wheel.py``, heavy imports stubbed), on vLLM's own ``PlaceholderRange`` and
 ``MultiModalFeatureSpec`` objects:
 
-* ``vllm-v2``: ``EncoderRunner.gather_mm_embeddings`` (model runner v2) then
-  ``_merge_multimodal_embeddings``;
-* ``vllm-v1``: ``GPUModelRunner._gather_mm_embeddings`` then ``_merge_multimodal_embeddings``.
+* ``vllm-v2``: ``EncoderRunner.gather_mm_embeddings`` (model runner v2, the only runner
+  from 0.34.0 on) then ``_merge_multimodal_embeddings``, from the newest release;
+* ``vllm-v1``: ``GPUModelRunner._gather_mm_embeddings`` then ``_merge_multimodal_embeddings``,
+  from the newest release that still has model runner v1 (0.33.0).
 
 Ours, from the same runner state (the conversion of vLLM's structures is inside the
 timed call):
@@ -60,7 +61,8 @@ import mm_schedule
 from mm_schedule.integrations import vllm as ours
 from mm_schedule.integrations.vllm import verify
 
-RELEASE = "0.33.0"
+RELEASE = "0.34.0"  # timed: the newest release
+RELEASE_V1 = "0.33.0"  # the newest with model runner v1 (vllm/v1/worker/gpu_model_runner.py)
 FULL_SIZES = (4, 16, 64, 256, 1024, 4096)
 QUICK_SIZES = (4, 64, 1024)
 ITEMS_PER_REQUEST, ROWS_PER_ITEM, HIDDEN, GAP = 4, 64, 64, 16
@@ -118,8 +120,9 @@ def build_step(code: verify.VllmCode, workload: str, n_items: int, seed: int) ->
                 query_start_loc, scheduled + 1, np.zeros(n_requests, dtype=np.int32), text)
 
 
-def make_sides(code: verify.VllmCode) -> dict:
-    v2, v1, vllm_merge = code.encoder_runner, code.gpu_model_runner, code.merge
+def make_sides(code: verify.VllmCode, code_v1: verify.VllmCode) -> dict:
+    v2, vllm_merge = code.encoder_runner, code.merge
+    v1, vllm_v1_merge = code_v1.gpu_model_runner, code_v1.merge
 
     def vllm_v2(step: Step, dst):
         runner = step.buffers.get("v2-runner")
@@ -144,7 +147,7 @@ def make_sides(code: verify.VllmCode) -> dict:
                                            num_scheduled_tokens=dict(zip(step.req_ids, step.scheduled.tolist())))
             state = step.buffers["v1-state"] = (runner, output)
         embeds, mask = v1._gather_mm_embeddings(*state)
-        return vllm_merge(dst, embeds, mask)
+        return vllm_v1_merge(dst, embeds, mask)
 
     def ours_fused(step: Step, dst):
         features = step.features
@@ -238,7 +241,7 @@ def _git(*args: str) -> str:
     return out.stdout.strip() or "?"
 
 
-def report(cases: list[CaseTimes], releases: list[tuple[str, str, int, int]], wheel: str, stubbed: int) -> str:
+def report(cases: list[CaseTimes], releases: list[tuple[str, str, int, int]], wheels: list[str], stubbed: int) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -253,8 +256,8 @@ def report(cases: list[CaseTimes], releases: list[tuple[str, str, int, int]], wh
         f"- command: `{' '.join(['python', *sys.argv])}`",
         f"- mm_schedule: commit {_git('rev-parse', '--short', 'HEAD')}"
         + (" (with uncommitted changes)" if dirty not in ("", "?") else ""),
-        f"- vLLM: {wheel} (official wheel; source files read out of it, see benchmarks/_vllm_wheel.py;"
-        f" {stubbed} vLLM modules stubbed, import-only)",
+        f"- vLLM: {' and '.join(wheels)} (official wheels; source files read out of them, see"
+        f" benchmarks/_vllm_wheel.py; {stubbed} vLLM modules stubbed, import-only)",
         f"- python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s)",
         f"- CPU: {cpu}",
         "",
@@ -263,8 +266,9 @@ def report(cases: list[CaseTimes], releases: list[tuple[str, str, int, int]], wh
         "every 8 embedding positions of each range. Median thread CPU time per step over rounds in which",
         "the sides run in a fresh random order; every side's `inputs_embeds` equals vLLM v2's bit for bit.",
         "",
-        "Sides: `vllm-v2` = vLLM EncoderRunner.gather_mm_embeddings + _merge_multimodal_embeddings;",
-        "`vllm-v1` = vLLM GPUModelRunner._gather_mm_embeddings + _merge_multimodal_embeddings;",
+        f"Sides: `vllm-v2` = vLLM {RELEASE} EncoderRunner.gather_mm_embeddings + _merge_multimodal_embeddings;",
+        f"`vllm-v1` = vLLM {RELEASE_V1} GPUModelRunner._gather_mm_embeddings + _merge_multimodal_embeddings (model",
+        f"runner v1 is gone from {RELEASE} on);",
         "`ours-fused` = plan_rows + StepRows.merge_into (from the same runner state, conversion included);",
         "`ours-drop-in` = our gather_mm_embeddings + our _merge_multimodal_embeddings; `copy-floor` = one",
         "torch.cat of exactly the step's rows into a ready buffer, nothing else.",
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         release = _vllm_wheel.load_release(RELEASE, allow_full_download=True)
+        release_v1 = _vllm_wheel.load_release(RELEASE_V1, allow_full_download=True)
         verified = verify_releases(20 if args.quick else args.verify_cases)
     except _vllm_wheel.WheelUnavailable as exc:
         print(f"cannot load vLLM: {exc}", file=sys.stderr)
@@ -327,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         print("a release differs from ours; no timing", file=sys.stderr)
         return 1
     code = verify.from_modules(RELEASE, release.modules)
-    sides = make_sides(code)
+    sides = make_sides(code, verify.from_modules(RELEASE_V1, release_v1.modules))
     sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     cases = [CaseTimes(build_step(code, w, n, seed=n)) for w in ("plain", "is_embed") for n in sizes]
     problems = [p for case in cases for p in check_step(sides, case.step)]
@@ -342,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    text = report(cases, verified, release.wheel, len(release.stubbed))
+    text = report(cases, verified, [release.wheel, release_v1.wheel], len(release.stubbed))
     print(text)
     if not args.quick or args.write:
         args.output.parent.mkdir(parents=True, exist_ok=True)
