@@ -298,3 +298,37 @@ def test_untagged_rows_are_caught(monkeypatch):
                         lambda self: [] if self.gather() is None else [self.gather()])
     problems = [p for seed in range(6) for p in verify.compare(code, verify.build_case(code, seed))]
     assert any("get_mm_embedding_modalities" in p for p in problems)
+
+
+def test_threads_starting_together_share_one_probe(monkeypatch, caplog):
+    import threading
+
+    from mm_schedule.integrations import vllm as mmv
+
+    releases = _probe_with(monkeypatch, vllm_code(NEWEST))
+    runs = []
+    honest = releases.verify_release
+
+    def counted(*args, **kwargs):
+        runs.append(threading.get_ident())
+        return honest(*args, **kwargs)
+
+    monkeypatch.setattr(releases, "verify_release", counted)
+    results, barrier = [], threading.Barrier(4)
+
+    def first_step():
+        barrier.wait()
+        results.append(mmv.plan_rows([], [], [], [], {}).n_rows)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="mm_schedule.integrations.vllm"):
+            threads = [threading.Thread(target=first_step) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+        assert results == [0, 0, 0, 0] and len(runs) == 1
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    finally:
+        releases._accepted.discard("0.99.0")
+        releases.forget_installed_check()
