@@ -332,3 +332,47 @@ def test_threads_starting_together_share_one_probe(monkeypatch, caplog):
     finally:
         releases._accepted.discard("0.99.0")
         releases.forget_installed_check()
+
+
+def _doc_recipe() -> str:
+    """The drop-in plugin of docs/vllm.md (the block that replaces both runners' gathers)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "vllm.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, re.M | re.S)
+    (recipe,) = [b for b in blocks if "EncoderRunner.gather_mm_embeddings =" in b and "GPUModelRunner" in b]
+    return recipe
+
+
+@pytest.mark.parametrize("version", [NEWEST, PREVIOUS])
+def test_the_documented_drop_in_recipe_runs_on_each_runner_layout(monkeypatch, version):
+    """docs/vllm.md's plugin, executed against a fresh load of the release's own modules
+    (0.34.0: model runner v2 only; 0.33.0: both), replaces what that release has, and vLLM's
+    call sites then give vLLM's own results."""
+    release = wheel.load_release(version)
+    code = verify.from_modules(version, release.modules)
+    cases = [verify.build_case(code, seed) for seed in range(6)]
+    expected = [code.merge(c.text.clone(), *verify.vllm_gather_v2(code, c)) for c in cases]
+    for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name, module in release.modules.items():
+        parts = name.split(".")
+        for k in range(1, len(parts)):  # their parent packages, empty
+            parent = ".".join(parts[:k])
+            monkeypatch.setitem(sys.modules, parent, sys.modules.get(parent) or types.ModuleType(parent))
+        monkeypatch.setitem(sys.modules, name, module)
+    exec(compile(_doc_recipe(), "docs/vllm.md", "exec"), {"__name__": "vllm_plugin"})
+    from mm_schedule.integrations import vllm as mmv
+
+    utils = release.models_utils
+    assert utils._merge_multimodal_embeddings is mmv._merge_multimodal_embeddings
+    runners = [c for c in (code.encoder_runner, code.gpu_model_runner) if c is not None]
+    assert len(runners) == (1 if version == NEWEST else 2)
+    for cls, name in zip(runners, ("gather_mm_embeddings", "_gather_mm_embeddings")):
+        assert vars(cls)[name].__code__.co_filename == "docs/vllm.md", (cls, name)
+    for case, want in zip(cases, expected):
+        got = utils._merge_multimodal_embeddings(case.text.clone(), *verify.vllm_gather_v2(code, case))
+        assert verify._same(got, want)
+        if code.gpu_model_runner is not None:
+            got = utils._merge_multimodal_embeddings(case.text.clone(), *verify.vllm_gather_v1(code, case))
+            assert verify._same(got, want)
