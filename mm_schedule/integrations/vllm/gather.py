@@ -20,10 +20,14 @@ is_embed)`` covers positions ``[offset, offset + length)``, and only the positio
 ``draft_lookahead`` shifts every window (the drafter's look-ahead), and an item that only
 the shift reaches may be missing from the store, as in vLLM.
 
-Every input is checked while planning (sorted, non-overlapping ranges, ``is_embed`` of
-the range's length, token rows inside the step) and every encoder output once, against
-the rows its item must have (``EmbeddingLengthMismatch`` names the request and the
-``mm_hash``); a needed output missing from the store raises ``EncoderCacheMiss``.
+Every input is checked while planning, where vLLM's own behaviour is undefined too: a
+request's ranges sorted by offset (the whole list whenever the window reads part of it,
+since the window is found by bisection), ``is_embed`` a bool mask of the range's length,
+token rows inside the step; and every encoder output once, against the rows its item must
+have (``EmbeddingLengthMismatch`` names the request and the ``mm_hash``). A needed output
+missing from the store raises ``EncoderCacheMiss``; a window holding only text positions
+of a range needs none. Ranges may overlap (audio inside video), as vLLM allows: the
+gather ORs their masks and the fused merge refuses them.
 """
 
 from __future__ import annotations
