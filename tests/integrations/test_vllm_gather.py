@@ -433,17 +433,19 @@ TEXT_AROUND = torch.tensor([False, False, True, True, False, False])
     ((0, 12), False), ((0, 13), True),  # a window from before the range to its boundary
     ((14, 30), False), ((13, 30), True),  # and from its boundary past the range
     ((11, 12), False), ((12, 13), True), ((13, 14), True), ((14, 15), False),
+    ((0, 30), True), ((10, 16), True),
+    ((0, 30, "no embedding position"), False), ((12, 14, "no embedding position"), False),
 ])
 def test_a_window_of_only_text_positions_needs_no_encoder_output(window, needs):
-    first, last = window
-    feats = [feature("img", 10, 6, TEXT_AROUND)]
+    first, last, *no_rows = window
+    feats = [feature("img", 10, 6, torch.zeros(6, dtype=torch.bool) if no_rows else TEXT_AROUND)]
     if needs:
         with pytest.raises(vllm.EncoderCacheMiss, match="mm_hash 'img'"):
             vllm.plan_rows(["r"], [feats], [first], [last - first], {})
     else:
         step = vllm.plan_rows(["r"], [feats], [first], [last - first], {})
         assert step.n_rows == 0 and not step.is_mm_embed().any()
-    outputs = {"img": torch.randn(2, 4)}
+    outputs = {"img": torch.randn(0 if no_rows else 2, 4)}
     reqs = [("r", feats, first, last - first)]
     text = torch.randn(last - first, 4)
     rows, mask, merged = reference(reqs, outputs, text)

@@ -22,6 +22,7 @@ own, with vLLM's attribute names.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import threading
@@ -100,7 +101,8 @@ def installed_release_checked() -> str | None:
                 _decide()
             verdict = _verdict
     if isinstance(verdict, UnsupportedVLLMRelease):
-        raise verdict
+        # A copy per raise: tracebacks and contexts of concurrent callers stay their own.
+        raise copy.copy(verdict)
     return verdict
 
 
