@@ -396,6 +396,23 @@ def test_a_mask_seen_before_is_checked_again_under_another_range_and_after_a_cha
         plan(reqs, outputs)
 
 
+def test_inference_mode_masks_are_read_every_step():
+    """Tensors made under ``torch.inference_mode`` keep no version counter; a mask changed
+    in place there is still read as it is now."""
+    with torch.inference_mode():
+        is_embed = torch.tensor([True, False, True, True])
+        outputs = {"a": torch.randn(3, 8)}
+        reqs = [("r", [feature("a", 0, 4, is_embed)], 0, 4)]
+        text = torch.randn(4, 8)
+        assert torch.equal(plan(reqs, outputs).merge_into(text.clone()), reference(reqs, outputs, text)[2])
+        is_embed[1] = True
+        with pytest.raises(EmbeddingLengthMismatch, match="expected 4, got 3"):
+            plan(reqs, outputs)
+        outputs = {"a": torch.randn(4, 8)}
+        assert torch.equal(plan(reqs, outputs).merge_into(text.clone()), reference(reqs, outputs, text)[2])
+    assert is_embed.is_inference()
+
+
 @pytest.mark.parametrize("seed", range(300))
 def test_unsorted_features_always_raise(seed):
     """Whatever window the step reads, a request whose features are out of offset order is

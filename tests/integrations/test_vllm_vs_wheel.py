@@ -376,3 +376,15 @@ def test_the_documented_drop_in_recipe_runs_on_each_runner_layout(monkeypatch, v
         if code.gpu_model_runner is not None:
             got = utils._merge_multimodal_embeddings(case.text.clone(), *verify.vllm_gather_v1(code, case))
             assert verify._same(got, want)
+
+
+def test_the_probe_runs_inside_inference_mode():
+    """vLLM's workers run steps under ``torch.inference_mode``; the probe works there."""
+    from mm_schedule.integrations.vllm import releases
+
+    try:
+        with torch.inference_mode():
+            assert releases.verify_release(vllm_code(NEWEST), installed="0.99.1") == "0.99.1"
+        assert "0.99.1" in releases._accepted
+    finally:
+        releases._accepted.discard("0.99.1")

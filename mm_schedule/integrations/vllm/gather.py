@@ -83,7 +83,8 @@ class _EmbedRuns:
         if is_embed.dtype != torch.bool:
             # vLLM indexes with it; an integer or float tensor would be read as something else.
             raise InvalidItemError(f"{what}: is_embed must be a bool mask, got dtype {is_embed.dtype}")
-        self.length, self.version = length, is_embed._version
+        # An inference tensor keeps no version counter: its runs are read again every step.
+        self.length, self.version = length, None if is_embed.is_inference() else is_embed._version
         mask = is_embed.detach().to("cpu", torch.int8)
         edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
         self.starts = edges.eq(1).nonzero().flatten().tolist()
@@ -109,6 +110,8 @@ def _runs_of(position, request: str, key: str) -> _EmbedRuns:
         if runs.length == position.length and runs.version == is_embed._version:
             return runs
     runs = _EmbedRuns(is_embed, position.length, f"request {request!r}, mm_hash {key!r}")
+    if runs.version is None:
+        return runs
     if len(_RUNS) >= _RUNS_LIMIT:
         for key in [k for k, (ref, _) in _RUNS.items() if ref() is None] or list(_RUNS):
             del _RUNS[key]
