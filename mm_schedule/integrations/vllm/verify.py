@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     version = installed_version()
     if torch is None or version is None:
-        missing = "torch" if torch is None else "vLLM"
+        missing = "vLLM" if version is None else "torch"
         print(f"{parser.prog}: {missing} is not installed in this Python environment ({sys.executable}), so"
               " there is no vLLM to compare with; run it where vLLM is installed", file=sys.stderr)
         return 2
