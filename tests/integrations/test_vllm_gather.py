@@ -391,6 +391,15 @@ def test_a_mask_seen_before_is_checked_again_under_another_range_and_after_a_cha
     outputs = {"a": torch.randn(4, 8)}
     text = torch.randn(4, 8)
     assert torch.equal(plan(reqs, outputs).merge_into(text.clone()), reference(reqs, outputs, text)[2])
+    is_embed.data = torch.tensor([True, True, False, True])  # storage swapped, version unchanged
+    expected = reference(reqs, {"a": outputs["a"][:3]}, text)[2]
+    with pytest.raises(EmbeddingLengthMismatch, match="expected 3, got 4"):
+        plan(reqs, outputs)
+    assert torch.equal(plan(reqs, {"a": outputs["a"][:3]}).merge_into(text.clone()), expected)
+    is_embed.data = torch.ones(4)  # and a float mask put in its place: refused
+    with pytest.raises(InvalidItemError, match="bool mask"):
+        plan(reqs, outputs)
+    is_embed.data = torch.ones(4, dtype=torch.bool)
     is_embed.resize_(5)  # resized in place under the same range: refused
     with pytest.raises(InvalidItemError, match=r"got \(5,\)"):
         plan(reqs, outputs)

@@ -72,7 +72,8 @@ def _end(feature) -> int:
 class _EmbedRuns:
     """An ``is_embed`` mask as runs of true positions: ``starts``, ``ends`` (relative to
     the range) and ``before`` (embedding rows of the runs before each); ``length`` and
-    ``version`` (the tensor's in-place version counter) say which mask they were read from."""
+    ``version`` (the tensor's in-place version counter and storage address) say which
+    mask they were read from."""
 
     __slots__ = ("before", "counts", "ends", "length", "rows", "starts", "version")
 
@@ -84,7 +85,9 @@ class _EmbedRuns:
             # vLLM indexes with it; an integer or float tensor would be read as something else.
             raise InvalidItemError(f"{what}: is_embed must be a bool mask, got dtype {is_embed.dtype}")
         # An inference tensor keeps no version counter: its runs are read again every step.
-        self.length, self.version = length, None if is_embed.is_inference() else is_embed._version
+        # The storage address catches a ``.data`` swap, which leaves the counter alone.
+        self.length = length
+        self.version = None if is_embed.is_inference() else (is_embed._version, is_embed.data_ptr())
         mask = is_embed.detach().to("cpu", torch.int8)
         edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
         self.starts = edges.eq(1).nonzero().flatten().tolist()
@@ -96,8 +99,8 @@ class _EmbedRuns:
 
 # Runs of the masks seen so far, by the mask tensor (a request's features live for all of
 # its steps); an entry whose tensor is gone is dropped when the table is pruned. An entry
-# is used only for the same tensor, unchanged since (its version counter) and under a
-# range of the same length: anything else is read and checked again.
+# is used only for the same tensor, unchanged since (its version counter and storage) and
+# under a range of the same length: anything else is read and checked again.
 _RUNS: dict[int, tuple[Any, _EmbedRuns]] = {}
 _RUNS_LIMIT = 1 << 14
 
@@ -107,7 +110,7 @@ def _runs_of(position, request: str, key: str) -> _EmbedRuns:
     entry = _RUNS.get(id(is_embed))
     if entry is not None and entry[0]() is is_embed:
         runs = entry[1]
-        if runs.length == position.length and runs.version == is_embed._version:
+        if runs.length == position.length and runs.version == (is_embed._version, is_embed.data_ptr()):
             return runs
     runs = _EmbedRuns(is_embed, position.length, f"request {request!r}, mm_hash {key!r}")
     if runs.version is None:
