@@ -1,6 +1,7 @@
-"""``install()`` / ``uninstall()`` in a process where SGLang 0.5.19's real modules are
-loaded (from its wheel, heavy imports stubbed), and SGLang's own ``embed_mm_inputs``
-giving the same ``input_embeds`` with and without the stand-in installed."""
+"""``install()`` / ``uninstall()`` in a process where one SGLang release's real modules are
+loaded (from its wheel, heavy imports stubbed; each known release in turn), and that
+release's own ``embed_mm_inputs`` giving bit-identical ``input_embeds`` with and without
+the stand-in installed."""
 
 from __future__ import annotations
 
@@ -12,13 +13,7 @@ import types
 import pytest
 import torch
 
-from mm_schedule.integrations.sglang import (
-    UnsupportedSGLangVersion,
-    install,
-    installed,
-    standin,
-    uninstall,
-)
+from mm_schedule.integrations.sglang import install, installed, standin, uninstall
 from tests.integrations.conftest import _process_module
 
 pytestmark = pytest.mark.realworld
@@ -57,7 +52,8 @@ def test_install_replaces_the_module_and_every_name_bound_at_import(engine, capl
     assert mm_utils.get_embedding_and_mask is theirs.get_embedding_and_mask
     with caplog.at_level(logging.INFO, logger="mm_schedule.integrations.sglang.install"):
         report = install()
-    assert installed() and report.version == "0.5.19" and report.replaced_module
+    assert installed() and report.version == sglang.version and report.replaced_module
+    assert report.release == standin.release() == sglang.version and report.verified is None
     assert sys.modules[MODULE] is standin and sys.modules["sglang.srt.managers"].mm_schedule is standin
     assert mm_utils.get_embedding_and_mask is standin.get_embedding_and_mask
     assert mm_utils.init_mm_embedding_cache is standin.init_mm_embedding_cache
@@ -69,7 +65,9 @@ def test_install_replaces_the_module_and_every_name_bound_at_import(engine, capl
             "downstream_fork.mm.full"} <= set(report.rebound)
     assert mm_utils.torch is torch and theirs.torch is torch  # names SGLang imported from elsewhere stay
     message = " ".join(r.getMessage() for r in caplog.records)
-    assert "SGLang 0.5.19" in message and "downstream_fork.mm.full" in message
+    assert f"SGLang {sglang.version}" in message and "downstream_fork.mm.full" in message
+    if hasattr(mm_utils, "mm_schedule"):  # 0.5.21+: mm_utils holds the module object
+        assert mm_utils.mm_schedule is standin and "sglang.srt.managers.mm_utils.mm_schedule" in report.rebound
 
     # Idempotent: a second call changes nothing and reports the same.
     assert install() is report
@@ -78,6 +76,7 @@ def test_install_replaces_the_module_and_every_name_bound_at_import(engine, capl
     assert uninstall() and not installed()
     assert sys.modules[MODULE] is theirs and sys.modules["sglang.srt.managers"].mm_schedule is theirs
     assert mm_utils.get_embedding_and_mask is theirs.get_embedding_and_mask
+    assert getattr(mm_utils, "mm_schedule", theirs) is theirs
     assert builder.init_mm_embedding_cache is theirs.init_mm_embedding_cache
     assert fork.full is theirs._get_chunked_embedding_full
     assert uninstall() is False
@@ -96,17 +95,6 @@ def test_installed_before_sglang_imports_its_module(engine):
         assert MODULE not in sys.modules
     finally:
         sys.modules[MODULE] = sglang.scheduler
-
-
-def test_an_unmatched_sglang_is_refused_and_nothing_changes(engine):
-    sglang, _ = engine
-    sys.modules["sglang"].__version__ = "0.5.23"
-    try:
-        with pytest.raises(UnsupportedSGLangVersion, match=r"SGLang 0\.5\.23 .*matched: 0\.5\.18, 0\.5\.19"):
-            install()
-    finally:
-        sys.modules["sglang"].__version__ = "0.5.19"
-    assert not installed() and sys.modules[MODULE] is sglang.scheduler
 
 
 def test_a_cache_sglang_made_is_carried_over_with_its_size(engine):
@@ -238,6 +226,8 @@ def test_sglangs_embed_mm_inputs_gives_the_same_input_embeds_installed_with_evs(
     """One request with an EVS video (SGLang handles EVS for a batch of that request
     alone): SGLang's retention mask prunes the frames, the placeholders move."""
     sglang, _ = engine
+    if sglang.version == "0.5.18":
+        pytest.skip("SGLang 0.5.18's EVS path takes its own VideoEVSDataItem type only")
     mm_utils = sys.modules["sglang.srt.managers.mm_utils"]
     evs_core = sglang.release.modules["sglang.srt.multimodal.evs.evs_core"]
     result_cls = sglang.release.evs.EVSEmbeddingResult
