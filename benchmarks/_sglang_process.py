@@ -130,6 +130,8 @@ STUBS: dict[str, dict[str, object]] = {
     "sglang.srt.runtime_context": {"get_parallel": _get_parallel, "get_context": _get_context,
                                    "get_schedule": _schedule},
     "sglang.test.ci.ci_register": {"register_cpu_ci": _register_cpu_ci},
+    # The key SGLang (0.5.20+) marks borrowed CUDA-IPC features with, as its transport defines it.
+    "sglang.srt.multimodal.transport.cuda_ipc": {"BORROW_CUDA_IPC_FEATURE_KEY": "_sglang_borrow_cuda_ipc_feature"},
 }
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "ParallelContext",
     "StepContext",
     "acknowledge_deferred_ipc",
+    "acknowledging_only",
     "check_rows",
     "combine_hashes",
     "count_mm_tokens_in_extend",
@@ -98,6 +99,18 @@ def without_hit_acknowledgement(context: StepContext) -> StepContext:
     if context.on_cache_hit is None:
         return context
     return dataclasses.replace(context, on_cache_hit=None)
+
+
+def acknowledging_only(context: StepContext, item_ids: set[int]) -> StepContext:
+    """``context`` acknowledging cache hits of the items whose ``id`` is in ``item_ids`` only."""
+    acknowledge = context.on_cache_hit
+
+    def on_cache_hit(items, parallel):
+        kept = [item for item in items if id(item) in item_ids]
+        if kept:
+            acknowledge(kept, parallel)
+
+    return dataclasses.replace(context, on_cache_hit=on_cache_hit)
 
 
 def check_rows(embedding: Any, rows: int, key: Any, device: Any) -> Any:

@@ -441,7 +441,6 @@ def _batch_encode_per_image_misses(
     by_hash = form == "hash keys"
     hash_to_embedding: dict[tuple[int | None, int], torch.Tensor] = {}
     misses: dict[tuple[int | None, int], tuple[Any, Any, int]] = {}
-    hits = []
     for req_info in per_image_requests:
         chunk_start = req_info.extend_prefix_len
         chunk_end = chunk_start + req_info.extend_seq_len
@@ -459,14 +458,12 @@ def _batch_encode_per_image_misses(
             cached = _cached_whole(item.hash, token_count)
             if cached is not None:
                 hash_to_embedding[cache_key] = cached
-                hits.append(item)
                 continue
             if borrows and not present and _wholly_inside(entry, chunk_start, chunk_end):
                 can_defer = getattr(item, "can_defer_cuda_ipc_feature_reconstruction", None)
                 if can_defer is not None and can_defer():
                     item.model_specific_data[BORROW_CUDA_IPC_FEATURE_KEY] = True
             misses[cache_key] = _miss(entry)
-    _acknowledge_hits(hits)
     if misses:
         keys = list(misses)
         for cache_key, embedding in zip(keys, _encode_whole(data_embedding_func, list(misses.values()), device)):
@@ -708,20 +705,36 @@ def get_embedding_and_mask(
     if embedding_cache is None:
         _warn_uncached()
         init_mm_embedding_cache(0)
-    if _walk_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length):
+    if _walk_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length, extend_length):
         return _get_embedding_and_mask_by_call_graph(
             data_embedding_func, embedding_items, placeholder_tensor, input_ids, items_size,
             prefix_length, extend_length, items_offset_list,
         )
     extends = [extend_length[i] if i < len(extend_length) else 0 for i in range(len(prefix_length))]
-    context = _step_context()
-    if not _profile.has("_acknowledge_deferred_cuda_ipc_cache_hits"):
-        context = _core.without_hit_acknowledgement(context)
+    context = _acknowledging_context(embedding_items, items_size)
     return _core.embedding_and_mask(
         data_embedding_func, list(embedding_items), placeholder_tensor, input_ids, list(items_size),
         list(prefix_length), extends, list(items_offset_list), cache=embedding_cache, context=context,
         check_count=differences.raise_on_count_mismatch,
     )
+
+
+def _acknowledging_context(embedding_items, items_size) -> _core.StepContext:
+    """The step context, acknowledging cache hits as SGLang's module does: only the items
+    of requests served whole from the cache (those with a multi-span item), and only
+    until 0.5.22; hits of the batched per-image path never are."""
+    context = _step_context()
+    if not _profile.has("_acknowledge_deferred_cuda_ipc_cache_hits") or context.on_cache_hit is None:
+        return _core.without_hit_acknowledgement(context)
+    whole = {id(item) for request in _requests(embedding_items, items_size)
+             if any(len(item.offsets) > 1 for item in request) for item in request}
+    if not whole:
+        return _core.without_hit_acknowledgement(context)
+    return _core.acknowledging_only(context, whole)
+
+
+def _requests(embedding_items, items_size):
+    return [embedding_items[items_size[i]: items_size[i + 1]] for i in range(len(items_size) - 1)]
 
 
 def _get_embedding_and_mask_by_call_graph(
@@ -766,7 +779,7 @@ CALL_GRAPH_NAMES = (
 _ORIGINAL: dict[str, Any] = {}
 
 
-def _walk_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length) -> bool:
+def _walk_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length, extend_length) -> bool:
     """True when a name of the call graph was rebound, when the cache is not mm_schedule's
     own (a replacement object gets SGLang's API calls only), on a backend switched to
     SGLang's per-request encoding, for precomputed embeddings (no encoder runs, and
@@ -786,17 +799,35 @@ def _walk_call_graph(embedding_items, placeholder_tensor, items_size, prefix_len
         return False
     if getattr(embedding_items[0], "precomputed_embeddings", None) is not None:
         return True
-    return _release_needs_call_graph(embedding_items, placeholder_tensor)
+    return _release_needs_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length, extend_length)
 
 
-def _release_needs_call_graph(embedding_items, placeholder_tensor) -> bool:
+def _encodes_outside_its_rows(embedding_items, items_size, prefix_length, extend_length) -> bool:
+    """(Until 0.5.23) Whether a request of multi-span items is encoded in a chunk that
+    holds none of its rows: SGLang then encodes it whole, caches it, and returns its
+    empty chunk; one planned step encodes only rows the chunk holds."""
+    for i, request in enumerate(_requests(embedding_items, items_size)):
+        if i >= len(prefix_length) or not any(len(item.offsets) > 1 for item in request):
+            continue
+        start, end = prefix_length[i], prefix_length[i] + (extend_length[i] if i < len(extend_length) else 0)
+        spans = [span for item in request for span in item.offsets]
+        if end > start and not any(e >= start and s < end for s, e in spans) and any(e >= start for _, e in spans):
+            return True
+    return False
+
+
+def _release_needs_call_graph(embedding_items, placeholder_tensor, items_size, prefix_length, extend_length) -> bool:
     if globals().get("host_offload_event") is not None:
         return True
     if _profile.form("_batch_encode_per_image_misses") != "spans" and any(
         getattr(item, "can_defer_cuda_ipc_feature_reconstruction", _never)() for item in embedding_items
     ):
         return True
-    if _by_item_offsets() and _is_audio(embedding_items[0]) and any(len(i.offsets) > 1 for i in embedding_items):
+    multi_span = any(len(item.offsets) > 1 for item in embedding_items)
+    if multi_span and _by_item_offsets() and _is_audio(embedding_items[0]):
+        return True
+    if multi_span and _profile.form("_get_chunked_prefill_embedding") != "window" \
+            and _encodes_outside_its_rows(embedding_items, items_size, prefix_length, extend_length):
         return True
     return _profile.form("_get_multimodal_mask") == "sorted" and placeholder_tensor.numel() == 0
 
