@@ -17,6 +17,7 @@ from tests.integrations.test_sglang_standin import (
     HIDDEN,
     assert_same,
     assert_same_cache,
+    chunked_steps,
     encoder_list,
     encoder_tensor,
 )
@@ -39,27 +40,11 @@ def _image_steps(seed: int, *, deferred: bool = False):
         for k in range(3):
             n = 4 if k == 0 else rng.randint(1, 6)
             h = 7000 if k == 0 else 7000 + 10 * r + k
-            items.append((h, (len(ids), len(ids) + n - 1)))
+            items.append(Item(hash=h, offsets=[(len(ids), len(ids) + n - 1)], pad_value=PAD,
+                              feature=torch.zeros(1), deferred_ipc=deferred))
             ids += [PAD] * n + [1] * rng.randint(0, 2)
         prompts.append((ids, items))
-    chunk = [rng.randint(3, 7) for _ in prompts]
-    done = [0, 0]
-    while any(d < len(ids) for d, (ids, _) in zip(done, prompts)):
-        items, sizes, prefixes, extends, offsets, tokens = [], [0], [], [], [], []
-        for i, (ids, its) in enumerate(prompts):
-            if done[i] >= len(ids):
-                continue
-            ext = min(chunk[i], len(ids) - done[i])
-            items += [Item(hash=h, offsets=[span], pad_value=PAD, feature=torch.zeros(1), deferred_ipc=deferred)
-                      for h, span in its]
-            sizes.append(sizes[-1] + len(its))
-            prefixes.append(done[i])
-            extends.append(ext)
-            offsets.append([span for _, span in its])
-            tokens += ids[done[i]: done[i] + ext]
-            done[i] += ext
-        yield dict(embedding_items=items, placeholder_tensor=torch.tensor([PAD]), input_ids=torch.tensor(tokens),
-                   items_size=sizes, prefix_length=prefixes, extend_length=extends, items_offset_list=offsets)
+    yield from chunked_steps(prompts, [rng.randint(3, 7) for _ in prompts], PAD)
 
 
 def _copy(step):
@@ -152,26 +137,10 @@ def _audio_steps(seed: int):
                 n = rng.randint(1, 4)
                 spans.append((len(ids), len(ids) + n - 1))
                 ids += [PAD] * n + [1] * rng.randint(1, 2)
-            items.append((8000 + 10 * r + k, spans))
+            items.append(Item(modality=Modality.AUDIO, hash=8000 + 10 * r + k, offsets=spans, pad_value=PAD,
+                              feature=torch.zeros(1)))
         prompts.append((ids, items))
-    chunk = [rng.randint(3, 8) for _ in prompts]
-    done = [0] * len(prompts)
-    while any(d < len(ids) for d, (ids, _) in zip(done, prompts)):
-        items, sizes, prefixes, extends, offsets, tokens = [], [0], [], [], [], []
-        for i, (ids, its) in enumerate(prompts):
-            if done[i] >= len(ids):
-                continue
-            ext = min(chunk[i], len(ids) - done[i])
-            items += [Item(modality=Modality.AUDIO, hash=h, offsets=list(spans), pad_value=PAD,
-                           feature=torch.zeros(1)) for h, spans in its]
-            sizes.append(sizes[-1] + len(its))
-            prefixes.append(done[i])
-            extends.append(ext)
-            offsets.append(sorted(span for _, spans in its for span in spans))
-            tokens += ids[done[i]: done[i] + ext]
-            done[i] += ext
-        yield dict(embedding_items=items, placeholder_tensor=torch.tensor([PAD]), input_ids=torch.tensor(tokens),
-                   items_size=sizes, prefix_length=prefixes, extend_length=extends, items_offset_list=offsets)
+    yield from chunked_steps(prompts, [rng.randint(3, 8) for _ in prompts], PAD)
 
 
 @pytest.mark.parametrize("form", ["list", "tensor"])

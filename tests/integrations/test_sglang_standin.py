@@ -96,7 +96,12 @@ def batch_steps(seed: int, *, shared_hashes: bool = True):
         base = 1000 * (r % 2 if shared_hashes else r) + (500 if video else 0)
         prompts.append(_prompt(random.Random(seed * 10 + base), 0 if video else rng.randint(1, 3),
                                rng.randint(2, 4) if video else 0, pad, base))
-    chunk = [rng.randint(3, 12) for _ in prompts]
+    yield from chunked_steps(prompts, [rng.randint(3, 12) for _ in prompts], pad)
+
+
+def chunked_steps(prompts, chunk: list[int], pad: int):
+    """The steps of ``(token ids, items)`` prompts prefilled ``chunk[i]`` tokens at a time,
+    all unfinished requests in each step, as ``get_embedding_and_mask`` keyword arguments."""
     done = [0] * len(prompts)
     while any(d < len(ids) for d, (ids, _) in zip(done, prompts)):
         items, sizes, prefixes, extends, offsets, tokens = [], [0], [], [], [], []
@@ -108,7 +113,7 @@ def batch_steps(seed: int, *, shared_hashes: bool = True):
             sizes.append(sizes[-1] + len(its))
             prefixes.append(done[i])
             extends.append(ext)
-            offsets.append([span for it in its for span in it.offsets])
+            offsets.append(sorted(span for it in its for span in it.offsets))
             tokens += ids[done[i]: done[i] + ext]
             done[i] += ext
         yield dict(embedding_items=items, placeholder_tensor=torch.tensor([pad]),

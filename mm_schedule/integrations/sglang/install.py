@@ -263,26 +263,25 @@ def _rebind_in(module: types.ModuleType, by_id: dict[int, str], standin: types.M
             report.rebound.append(f"{where}.{attr}")
         elif isinstance(value, type) and getattr(value, "__module__", None) == where:
             _rebind_class(value, f"{where}.{attr}", by_id, standin, report, changes)
-        elif type(value) is dict and value is not sys.modules:
-            for key, item in list(value.items()):
-                name = by_id.get(id(item))
-                if name is not None:
-                    new = _replacement(standin, name)
-                    changes.append(_Change(value, key, "item", item, new))
-                    value[key] = new
-                    report.rebound.append(f"{where}.{attr}[{key!r}]")
-                else:
-                    _report_unrebindable(item, f"{where}.{attr}[{key!r}]", by_id, report)
-        elif type(value) is list:
-            for index, item in enumerate(value):
-                name = by_id.get(id(item))
-                if name is not None:
-                    new = _replacement(standin, name)
-                    changes.append(_Change(value, index, "item", item, new))
-                    value[index] = new
-                    report.rebound.append(f"{where}.{attr}[{index}]")
+        elif (type(value) is dict and value is not sys.modules) or type(value) is list:
+            _rebind_registry(value, f"{where}.{attr}", by_id, standin, report, changes)
         else:
             _report_unrebindable(value, f"{where}.{attr}", by_id, report)
+
+
+def _rebind_registry(registry: dict | list, where: str, by_id: dict[int, str], standin: types.ModuleType,
+                     report: InstallReport, changes: list[_Change]) -> None:
+    """The values of a module-level dict or list that are SGLang's objects, rebound."""
+    pairs = list(registry.items()) if type(registry) is dict else list(enumerate(registry))
+    for key, item in pairs:
+        name = by_id.get(id(item))
+        if name is not None:
+            new = _replacement(standin, name)
+            changes.append(_Change(registry, key, "item", item, new))
+            registry[key] = new
+            report.rebound.append(f"{where}[{key!r}]")
+        else:
+            _report_unrebindable(item, f"{where}[{key!r}]", by_id, report)
 
 
 def _rebind_class(cls: type, where: str, by_id: dict[int, str], standin: types.ModuleType,
