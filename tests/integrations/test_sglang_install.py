@@ -5,8 +5,8 @@ the stand-in installed."""
 
 from __future__ import annotations
 
+import importlib
 import logging
-import random
 import sys
 import types
 
@@ -22,6 +22,7 @@ MODULE = "sglang.srt.managers.mm_schedule"
 HIDDEN = 8
 VOCAB = 128
 proc = _process_module()
+parity = importlib.import_module("run_sglang_embed_parity")  # benchmarks/, on the path once proc is loaded
 Item, Modality = proc.MultimodalDataItem, proc.Modality
 PADS = {Modality.IMAGE: 99, Modality.VIDEO: 98}
 
@@ -132,74 +133,11 @@ def test_one_rank_needs_no_group(engine):
 # -- SGLang's own embed_mm_inputs, with and without the stand-in --------------------------------
 
 
-def _rows(item) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(item.hash)
-    return torch.randn(sum(e - s + 1 for s, e in item.offsets), HIDDEN, generator=gen)
-
-
-def encoder(items):
-    return [_rows(item) for item in items]
-
-
-def _request(rng: random.Random, r: int):
-    """Token ids and items of one prompt: images (one span each) and maybe a video of several spans."""
-    ids, items = [], []
-
-    def text(n):
-        ids.extend(rng.randrange(1, 90) for _ in range(n))
-
-    text(rng.randint(0, 3))
-    for k in range(rng.randint(0, 3)):
-        n = rng.randint(1, 8)
-        items.append(Item(modality=Modality.IMAGE, hash=100 * (r % 2) + k, offsets=[(len(ids), len(ids) + n - 1)],
-                          pad_value=PADS[Modality.IMAGE], feature=torch.zeros(1)))
-        ids.extend([PADS[Modality.IMAGE]] * n)
-        text(rng.randint(0, 3))
-    if rng.random() < 0.6:
-        spans = []
-        for _ in range(rng.randint(2, 4)):
-            n = rng.randint(1, 5)
-            spans.append((len(ids), len(ids) + n - 1))
-            ids.extend([PADS[Modality.VIDEO]] * n)
-            text(rng.randint(1, 2))
-        items.append(Item(modality=Modality.VIDEO, hash=5000 + r, offsets=spans, pad_value=PADS[Modality.VIDEO],
-                          feature=torch.zeros(1)))
-    text(rng.randint(1, 3))
-    return ids, items
-
-
-def steps(seed: int, precomputed: bool):
-    rng = random.Random(seed)
-    prompts = [_request(rng, r) for r in range(rng.randint(1, 4))]
-    if precomputed:
-        for _, items in prompts:
-            for item in items:
-                item.precomputed_embeddings = _rows(item)
-    chunk = [rng.randint(4, 14) for _ in prompts]
-    done = [0] * len(prompts)
-    while any(d < len(ids) for d, (ids, _) in zip(done, prompts)):
-        inputs, prefixes, extends, tokens = [], [], [], []
-        for i, (ids, items) in enumerate(prompts):
-            if done[i] >= len(ids):
-                continue
-            ext = min(chunk[i], len(ids) - done[i])
-            inputs.append(types.SimpleNamespace(mm_items=[
-                Item(modality=it.modality, hash=it.hash, offsets=list(it.offsets), pad_value=it.pad_value,
-                     feature=it.feature, precomputed_embeddings=it.precomputed_embeddings) for it in items]))
-            prefixes.append(done[i])
-            extends.append(ext)
-            tokens += ids[done[i]: done[i] + ext]
-            done[i] += ext
-        yield inputs, prefixes, extends, torch.tensor(tokens)
+_rows, steps = parity.item_rows, parity.steps
 
 
 def _embed(mm_utils, step, table):
-    inputs, prefixes, extends, tokens = step
-    embeds, _ = mm_utils.embed_mm_inputs(
-        mm_inputs_list=inputs, extend_prefix_lens=prefixes, extend_seq_lens=extends, input_ids=tokens.clone(),
-        input_embedding=table, data_embedding_func_mapping={Modality.IMAGE: encoder, Modality.VIDEO: encoder},
-    )
-    return embeds
+    return parity.embed(mm_utils, step, table)
 
 
 @pytest.mark.parametrize("precomputed", [False, True], ids=["encoded", "precomputed"])
