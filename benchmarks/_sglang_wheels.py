@@ -14,7 +14,8 @@ runtime-context getters answer as a single-process, tensor-parallel-size-1 CUDA
 deployment would (so the CUDA code path, cross-request batching, is what runs), the
 platform probes say "not HIP/NPU/XPU/CPU", every environment flag reads as unset, and
 any other imported name is an import-only placeholder that raises if SGLang's code ever
-calls it on the measured path. No SGLang code lives in this repository.
+calls it on the measured path (the loading machinery is ``_peer_wheels``, shared with
+the vLLM loader). No SGLang code lives in this repository.
 
 Each release is loaded into its own set of module objects: while one loads, its
 modules are registered under their ``sglang.*`` names; afterwards every ``sglang``
