@@ -131,7 +131,13 @@ def install(*, version: str | None = None) -> InstallReport:
                 original = original or _import_for_verification(found)
                 from . import verify
 
-                verified = verify.verify_module(original, found)
+                problems, verified = verify.verify_module(original)
+                if problems:
+                    raise UnsupportedSGLangVersion(
+                        f"SGLang {found} is not a release mm_schedule knows, and its {MODULE} differs from the"
+                        f" stand-in as SGLang {profile.version}: {problems[0]}"
+                        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                    )
         except BaseException:
             standin.use_release(previous)
             raise

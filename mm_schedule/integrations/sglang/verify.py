@@ -1,8 +1,8 @@
 """Verifying an SGLang module the stand-in does not know, where it is loaded.
 
-``verify_module(module, version)`` runs two checks against the stand-in bound as the
-nearest known release (``standin.use_release``), and raises ``UnsupportedSGLangVersion``
-naming the first difference:
+``verify_module(module)`` runs two checks against the stand-in bound as the nearest known
+release (``standin.use_release``) and returns what differs (``install()`` refuses the
+release naming the first difference):
 
 * ``surface_differences``: every function and class the module defines exists in the
   stand-in with the same parameters (names, kinds, defaults) or dataclass fields, and
@@ -13,7 +13,7 @@ naming the first difference:
   combined encoder output) give equal rows, mask and ``input_ids``, encode the same
   items and leave the same cache keys. The module's cache global is restored afterwards.
 
-Both take well under a second. On success it returns a one-line summary for the log.
+Both take well under a second.
 """
 
 from __future__ import annotations
@@ -29,25 +29,17 @@ _PROBE_CACHE_BYTES = 1 << 24
 _HIDDEN = 4
 
 
-def verify_module(module: types.ModuleType, version: str) -> str:
-    """The summary of a passed verification of ``module`` (SGLang ``version``); see the
-    module docstring. The stand-in must already be bound to the nearest known release."""
+def verify_module(module: types.ModuleType) -> tuple[list[str], str]:
+    """``(differences, summary)`` of ``module`` against the stand-in (already bound to
+    the nearest known release): the first check's differences if any, else the
+    probe's; the summary says what agreed, for the log."""
     from . import standin
-    from .install import UnsupportedSGLangVersion
 
-    release = standin.release()
-    problems = surface_differences(module, standin)
-    if not problems:
-        problems = probe_differences(module, standin)
-    if problems:
-        raise UnsupportedSGLangVersion(
-            f"SGLang {version} is not a release mm_schedule knows, and its {module.__name__} differs from the"
-            f" stand-in as SGLang {release}: {problems[0]}"
-            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-        )
+    problems = surface_differences(module, standin) or probe_differences(module, standin)
     extra = sorted(n for n in _surface(standin) if n not in vars(module))
-    return (f"{len(_surface(module))} names and their parameters agree, and its get_embedding_and_mask gave the"
-            " stand-in's rows, mask and cache on the probe" + (f"; stand-in only: {', '.join(extra)}" if extra else ""))
+    return problems, (f"{len(_surface(module))} names and their parameters agree, and its get_embedding_and_mask"
+                      " gave the stand-in's rows, mask and cache on the probe"
+                      + (f"; stand-in only: {', '.join(extra)}" if extra else ""))
 
 
 # -- names and parameters -----------------------------------------------------------------------
