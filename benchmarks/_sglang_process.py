@@ -48,6 +48,8 @@ class MultimodalDataItem:
     pad_value: Any = None
     model_specific_data: dict = dataclasses.field(default_factory=dict)
     acknowledged: list = dataclasses.field(default_factory=list)
+    # Stands for a CUDA-IPC proxy feature whose reconstruction may be deferred.
+    deferred_ipc: bool = False
 
     def is_modality(self, modality: Modality) -> bool:
         return self.modality == modality
@@ -64,6 +66,13 @@ class MultimodalDataItem:
 
     def acknowledge_deferred_cuda_ipc_feature(self, consumers: int) -> None:
         self.acknowledged.append(consumers)
+
+    def can_defer_cuda_ipc_feature_reconstruction(self) -> bool:
+        return self.deferred_ipc and self.hash is not None and self.pad_value is not None
+
+    def padding_values(self) -> tuple:
+        """(0.5.23) The placeholder ids of the item: its one pad value here."""
+        return (self.pad_value,)
 
 
 class ParallelState:
@@ -121,6 +130,8 @@ STUBS: dict[str, dict[str, object]] = {
     "sglang.srt.runtime_context": {"get_parallel": _get_parallel, "get_context": _get_context,
                                    "get_schedule": _schedule},
     "sglang.test.ci.ci_register": {"register_cpu_ci": _register_cpu_ci},
+    # The key SGLang (0.5.20+) marks borrowed CUDA-IPC features with, as its transport defines it.
+    "sglang.srt.multimodal.transport.cuda_ipc": {"BORROW_CUDA_IPC_FEATURE_KEY": "_sglang_borrow_cuda_ipc_feature"},
 }
 
 

@@ -33,11 +33,8 @@ live side by side in one process).
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import json
 import logging
-import subprocess
 import sys
 import types
 import urllib.error
@@ -45,6 +42,11 @@ import urllib.request
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _peer_wheels as peer
 
 from mm_schedule.codemods.derive import default_wheel_cache
 
@@ -66,8 +68,8 @@ MEMBERS = (*(m.replace(".", "/") + ".py" for m in REAL_MODULES), VERSION_MEMBER)
 MANIFEST = "MANIFEST.json"
 
 
-class WheelUnavailable(RuntimeError):
-    """Neither the cache nor the registry could provide the release's files."""
+WheelUnavailable = peer.WheelUnavailable
+StubCalled = peer.StubCalled
 
 
 # -- the source files ---------------------------------------------------------------------
@@ -175,25 +177,10 @@ def _extract(archive: zipfile.ZipFile, wheel_name: str, target: Path) -> None:
 
 
 def _pip_download(version: str, cache: Path, timeout: float) -> Path:
-    cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(cache), f"vllm=={version}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-    except (subprocess.TimeoutExpired, OSError) as exc:
-        raise WheelUnavailable(f"pip could not download vllm=={version}: {exc}") from exc
-    found = sorted(cache.glob(f"vllm-{version}-*.whl"))
-    if proc.returncode != 0 or not found:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel appeared"]
-        raise WheelUnavailable(f"pip could not download vllm=={version}: {tail[0]}")
-    return found[0]
+    return peer.pip_download("vllm", version, cache, timeout, "--only-binary", ":all:")
 
 
 # -- stubs --------------------------------------------------------------------------------
-
-
-class StubCalled(RuntimeError):
-    """vLLM code called a name the harness only provides so that imports succeed."""
 
 
 _loading = False
@@ -225,13 +212,8 @@ def _placeholder(module: str, name: str) -> type:
     return _PlaceholderType(name, (), {"__module__": module})
 
 
-class _StubModule(types.ModuleType):
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = _placeholder(self.__name__, name)
-        setattr(self, name, value)
-        return value
+class _StubModule(peer.StubModule):
+    placeholder = staticmethod(_placeholder)
 
 
 def _lazy_loader(_local_name, _parent_globals, name):
@@ -277,60 +259,24 @@ class Release:
         return self.modules.get("vllm.v1.worker.gpu_model_runner")
 
 
-class _SourceLoader(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, root: Path, real: set[str]) -> None:
-        self.root = root
-        self.real = real
-        self.stubbed: list[str] = []
+def _folder_reader(root: Path) -> peer.SourceReader:
+    def read(fullname: str) -> tuple[str, bytes, bool] | None:
+        path = root / (fullname.replace(".", "/") + ".py")
+        return (str(path), path.read_bytes(), False) if path.is_file() else None
 
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != "vllm" and not fullname.startswith("vllm."):
-            return None
-        is_package = fullname not in self.real
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=is_package)
-
-    def create_module(self, spec):
-        if spec.name in self.real:
-            module = types.ModuleType(spec.name)
-        else:
-            module = _StubModule(spec.name)
-            module.__dict__.update(STUB_ATTRIBUTES.get(spec.name, {}))
-            self.stubbed.append(spec.name)
-        if spec.submodule_search_locations is not None:
-            module.__path__ = []  # submodules resolve through this finder
-        return module
-
-    def exec_module(self, module):
-        if module.__name__ not in self.real:
-            return
-        path = self.root / (module.__name__.replace(".", "/") + ".py")
-        module.__file__ = str(path)
-        module.__package__ = module.__name__.rpartition(".")[0]
-        exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+    return read
 
 
 def load_release(version: str, cache: Path | None = None, *, allow_full_download: bool = False) -> Release:
     """Fetch (if needed) and load one release's real modules; see the module docstring."""
     root = extract_sources(version, cache, allow_full_download=allow_full_download)
     manifest = json.loads((root / MANIFEST).read_text())
-    real = {m for m in REAL_MODULES if (root / (m.replace(".", "/") + ".py")).is_file()}
-    saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
-    for k in saved:
-        del sys.modules[k]
-    release = Release(version=version, source=root, wheel=manifest["wheel"])
-    loader = _SourceLoader(root, real)
+    loader = peer.PeerLoader("vllm", REAL_MODULES, _folder_reader(root), STUB_ATTRIBUTES, _StubModule)
     global _loading
-    sys.meta_path.insert(0, loader)
     _loading = True
     try:
-        for name in REAL_MODULES:
-            if name in real:
-                release.modules[name] = importlib.import_module(name)
+        modules = peer.load_modules(loader, REAL_MODULES)
     finally:
         _loading = False
-        sys.meta_path.remove(loader)
-        for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
-            del sys.modules[k]
-        sys.modules.update(saved)
-    release.stubbed = sorted(loader.stubbed)
-    return release
+    return Release(version=version, source=root, wheel=manifest["wheel"], modules=modules,
+                   stubbed=sorted(loader.stubbed))

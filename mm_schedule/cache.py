@@ -13,8 +13,9 @@ step's lookups touch no tensor. A step looks up all its keys under one lock
 Accounting charges what an entry really keeps alive: the bytes of its tensor's
 *storage*. A view whose storage is larger than its payload (a slice of a batched
 encoder output) is cloned first, so caching one image never pins a whole batch.
-``share_storage=True`` keeps every tensor as given instead (SGLang's rule, for its
-behaviour on request): a view pins, and is charged for, the whole output it came from.
+``share_storage=True`` keeps every tensor as given instead (SGLang 0.5.19's rule, for its
+behaviour on request): a view pins the whole output it came from but is charged for
+its own rows only, so the budget undercounts what the cache keeps alive.
 
 Inserting under a key that is present replaces the value and refreshes its recency
 (SGLang keeps the old value; replacing is what re-encoding a discarded entry wants).
@@ -146,7 +147,9 @@ def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = Fa
     rows, hidden = tensor.shape
     size = tensor.untyped_storage().nbytes()
     if share and not copy:
-        return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality
+        # Charged its own rows, as SGLang's cache charges a split view (it pins more).
+        own = rows * hidden * tensor.element_size()
+        return tensor, rows, own, value, (hidden, tensor.dtype, tensor.device), modality
     if copy or size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
         tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
         size = tensor.untyped_storage().nbytes()

@@ -39,27 +39,42 @@ def sglang_releases():
 
 
 def pytest_addoption(parser):
-    parser.addoption("--sglang-release", default="0.5.19",
-                     help="SGLang release whose modules (from its wheel) the stand-in is compared with")
+    parser.addoption("--sglang-release", default="all",
+                     help="SGLang releases (comma-separated, or 'all' known) whose modules (from their wheels)"
+                          " the stand-in is compared with")
+
+
+def pytest_generate_tests(metafunc):
+    if "sglang" in metafunc.fixturenames:
+        from mm_schedule.integrations.sglang import KNOWN
+
+        chosen = metafunc.config.getoption("--sglang-release", default="all")
+        releases = list(KNOWN) if chosen == "all" else chosen.split(",")
+        metafunc.parametrize("sglang_release", releases, scope="session")
 
 
 @pytest.fixture(scope="session")
-def sglang(sglang_releases, request):
-    """The real modules of SGLang ``--sglang-release`` (0.5.19 unless given; not
-    registered in ``sys.modules``: enter it for that)."""
-    return sglang_releases(request.config.getoption("--sglang-release", default="0.5.19"))
+def sglang(sglang_releases, sglang_release):
+    """The real modules of one SGLang release (each known one in turn, or those given by
+    ``--sglang-release``; not registered in ``sys.modules``: enter it for that)."""
+    return sglang_releases(sglang_release)
 
 
 @pytest.fixture
-def standin():
-    """The stand-in with a fresh cache and the single-process step context."""
+def standin(request):
+    """The stand-in as the module of the release under test (the newest known release
+    for a test without one), with a fresh cache and the single-process step context."""
     from mm_schedule.integrations.sglang import standin as module
+    from mm_schedule.integrations.sglang.versions import NEWEST
 
+    version = request.getfixturevalue("sglang_release") if "sglang_release" in request.fixturenames else NEWEST
+    module.use_release(version)
     module.set_step_context(None)
     module.embedding_cache = None
     yield module
     module.set_step_context(None)
     module.embedding_cache = None
+    module.use_release(NEWEST)
 
 
 @pytest.fixture(params=["torch", "triton"])

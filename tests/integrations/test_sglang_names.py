@@ -1,6 +1,6 @@
-"""Every module-level name of SGLang's ``mm_schedule`` exists in the stand-in with a
-compatible signature, for each release the version table calls matched; for the newer
-release it does not match, the table lists exactly what differs.
+"""Every module-level name of each known SGLang release's ``mm_schedule`` exists in the
+stand-in bound as that release, with the same parameters (and defaults) or dataclass
+fields, and every name ``versions.FORMS`` says the release lacks is absent from it.
 
 Each release's module source is read from its official wheel and its definitions taken
 from the syntax tree (names, parameters and their defaults, dataclass fields), so a
@@ -15,13 +15,15 @@ import zipfile
 
 import pytest
 
-from mm_schedule.integrations.sglang import RELEASES, standin
+from mm_schedule.integrations.sglang import KNOWN, standin
+from mm_schedule.integrations.sglang.versions import FORMS, NEWEST, profile
 
 pytestmark = pytest.mark.realworld
 
 MODULE_FILE = "sglang/srt/managers/mm_schedule.py"
+CACHE_FILE = "sglang/srt/mem_cache/multimodal_cache.py"  # where MultiModalStaticCache changes
 # Imported by SGLang's module for its own annotations and decorators, not its surface.
-HELPERS = {"dataclass", "field", "Callable", "Dict", "List", "Optional", "Tuple", "BORROW_CUDA_IPC_FEATURE_KEY"}
+HELPERS = {"dataclass", "field", "Callable", "Dict", "List", "Optional", "Tuple"}
 
 
 def _wheel_definitions(wheels, version: str) -> dict[str, object]:
@@ -63,26 +65,58 @@ def incompatible(definitions: dict[str, object]) -> list[str]:
             if not hasattr(standin, name) or (shape is not None and _our_shape(getattr(standin, name)) != shape)]
 
 
-@pytest.mark.parametrize("release", [r for r in RELEASES if r.matched], ids=lambda r: r.version)
-def test_every_name_of_a_matched_release_with_its_signature(sglang_wheels, release):
-    definitions = _wheel_definitions(sglang_wheels, release.version)
+@pytest.fixture
+def as_release():
+    yield standin.use_release
+    standin.use_release(NEWEST)
+
+
+@pytest.mark.parametrize("version", KNOWN)
+def test_every_name_of_each_release_with_its_signature(sglang_wheels, as_release, version):
+    definitions = _wheel_definitions(sglang_wheels, version)
     assert {"get_embedding_and_mask", "_batch_encode_per_image_misses", "logger", "_is_hip"} <= set(definitions)
+    as_release(version)
     assert incompatible(definitions) == []
+    # What the release lacks, the stand-in as that release lacks too; the rest it has.
+    for name, form in profile(version).forms.items():
+        assert (name in definitions) == (form is not None) == hasattr(standin, name), name
 
 
-def test_the_newer_release_differs_exactly_where_the_table_says(sglang_wheels):
-    newer = [r for r in RELEASES if not r.matched]
-    assert newer, "the table names the newest release it checked"
-    for release in newer:
-        definitions = _wheel_definitions(sglang_wheels, release.version)
-        differing = incompatible(definitions)
-        removed = [n for n in ("_acknowledge_deferred_cuda_ipc_cache_hits",) if n not in definitions]
-        assert differing, f"{release.version} matches: mark it matched"
-        listed = " ".join(release.missing)
-        assert [n for n in differing + removed if n not in listed] == []
+def test_each_form_change_is_a_real_difference_between_releases(sglang_wheels):
+    """Every release FORMS names as changing a name's form changes that name's source."""
+    sources = {v: {**_wheel_sources(sglang_wheels, v, MODULE_FILE),
+                   **_wheel_sources(sglang_wheels, v, CACHE_FILE, only=("MultiModalStaticCache",))}
+               for v in KNOWN}
+    for name, history in FORMS.items():
+        for since, _ in history[1:]:
+            before = KNOWN[KNOWN.index(since) - 1]
+            assert sources[before].get(name) != sources[since].get(name), (name, since)
 
 
-def test_the_checker_sees_a_changed_signature(sglang_wheels):
+def _wheel_sources(wheels, version: str, member: str, only: tuple[str, ...] = ()) -> dict[str, str]:
+    """name -> source text of each top-level definition of one of the release's modules."""
+    with zipfile.ZipFile(wheels.fetch_wheel(version)) as archive:
+        text = archive.read(member).decode()
+    tree = ast.parse(text)
+    found = {}
+    for node in tree.body:
+        names = []
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign):
+            names = [node.target.id]
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.asname or a.name for a in node.names]
+        for name in names:
+            if not only or name in only:
+                found[name] = ast.get_source_segment(text, node)
+    return found
+
+
+def test_the_checker_sees_a_changed_signature(sglang_wheels, as_release):
+    as_release("0.5.19")
     definitions = _wheel_definitions(sglang_wheels, "0.5.19")
     definitions["get_embedding_chunk"] = [("embedding", None), ("extend_prefix_len", None)]
     definitions["a_name_sglang_added"] = None

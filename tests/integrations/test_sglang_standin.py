@@ -1,10 +1,11 @@
-"""The stand-in against SGLang 0.5.19's own ``mm_schedule`` (from its wheel, on CPU): the
-same inputs give the same outputs and leave the same cache, name by name, on both
-assembly backends; patching a name changes the paths that use it; each intended
+"""The stand-in against each SGLang release's own ``mm_schedule`` (from its wheel, on CPU;
+the stand-in bound as that release): the same inputs give the same outputs and leave the
+same cache, name by name, on both assembly backends; patching a name changes the paths that use it; each intended
 difference is one switch away from SGLang's behaviour."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 import types
@@ -95,7 +96,12 @@ def batch_steps(seed: int, *, shared_hashes: bool = True):
         base = 1000 * (r % 2 if shared_hashes else r) + (500 if video else 0)
         prompts.append(_prompt(random.Random(seed * 10 + base), 0 if video else rng.randint(1, 3),
                                rng.randint(2, 4) if video else 0, pad, base))
-    chunk = [rng.randint(3, 12) for _ in prompts]
+    yield from chunked_steps(prompts, [rng.randint(3, 12) for _ in prompts], pad)
+
+
+def chunked_steps(prompts, chunk: list[int], pad: int):
+    """The steps of ``(token ids, items)`` prompts prefilled ``chunk[i]`` tokens at a time,
+    all unfinished requests in each step, as ``get_embedding_and_mask`` keyword arguments."""
     done = [0] * len(prompts)
     while any(d < len(ids) for d, (ids, _) in zip(done, prompts)):
         items, sizes, prefixes, extends, offsets, tokens = [], [0], [], [], [], []
@@ -107,7 +113,7 @@ def batch_steps(seed: int, *, shared_hashes: bool = True):
             sizes.append(sizes[-1] + len(its))
             prefixes.append(done[i])
             extends.append(ext)
-            offsets.append([span for it in its for span in it.offsets])
+            offsets.append(sorted(span for it in its for span in it.offsets))
             tokens += ids[done[i]: done[i] + ext]
             done[i] += ext
         yield dict(embedding_items=items, placeholder_tensor=torch.tensor([pad]),
@@ -136,6 +142,11 @@ def assert_same_cache(theirs, ours):
 
 
 def assert_same(a, b):
+    if isinstance(a, list) or isinstance(b, list):  # 0.5.22+: one slice per item
+        assert isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_same(x, y)
+        return
     if a is None or b is None:
         assert a is None and b is None
         return
@@ -213,18 +224,26 @@ def _requests(step):
 @pytest.mark.parametrize("form", sorted(ENCODERS))
 def test_per_request_paths_match_sglang(sglang, standin, backend, form):
     theirs = sglang.scheduler
+    takes_offsets = "items_offset" in inspect.signature(theirs._get_chunked_embedding_by_item).parameters
+    checks_cached_rows = hasattr(theirs, "_embedding_token_count")
     for name in ("_get_chunked_embedding_by_item", "_get_chunked_embedding_full"):
         theirs.init_mm_embedding_cache(1 << 30)
         standin.init_mm_embedding_cache(1 << 30)
         for seed in (4, 5):
+            if not checks_cached_rows:
+                # Seed 5 reuses seed 4's hashes with other lengths: 0.5.18 serves the stale
+                # rows, the stand-in re-encodes them (docs/sglang.md).
+                theirs.init_mm_embedding_cache(1 << 30)
+                standin.init_mm_embedding_cache(1 << 30)
             for step in batch_steps(seed):
                 for items, offsets, prefix, extend in _requests(step):
                     if name == "_get_chunked_embedding_by_item" and any(len(i.offsets) > 1 for i in items):
                         continue  # SGLang's by-item path takes single-span items only
                     args_a = (ENCODERS[form], items, offsets, prefix, extend)
                     if name == "_get_chunked_embedding_by_item":
-                        a = theirs._get_chunked_embedding_by_item(*args_a, CPU)
-                        b = standin._get_chunked_embedding_by_item(*args_a, CPU)
+                        args_b = args_a if takes_offsets else (ENCODERS[form], items, prefix, extend)
+                        a = theirs._get_chunked_embedding_by_item(*args_b, CPU)
+                        b = standin._get_chunked_embedding_by_item(*args_b, CPU)
                     else:
                         ids = step["input_ids"]
                         a, ids_a = theirs._get_chunked_embedding_full(*args_a, ids, CPU)
@@ -252,8 +271,8 @@ def test_batched_per_image_path_matches_sglang(sglang, standin, form):
         for key in table_a:
             assert_same(table_a[key], table_b[key])
         for ia, ib in zip(infos[theirs], infos[standin]):
-            assert [(i, it.hash, s, e) for i, it, s, e in ia.overlapping] == \
-                [(i, it.hash, s, e) for i, it, s, e in ib.overlapping]
+            assert [(e[0], e[1].hash, *e[2:]) for e in ia.overlapping] == \
+                [(e[0], e[1].hash, *e[2:]) for e in ib.overlapping]
             assert_same(theirs._assemble_per_image_chunk(ia.overlapping, table_a, ia.extend_prefix_len, ia.extend_seq_len),
                         standin._assemble_per_image_chunk(ib.overlapping, table_b, ib.extend_prefix_len, ib.extend_seq_len))
         assert_same_cache(theirs.embedding_cache, standin.embedding_cache)
@@ -291,15 +310,18 @@ def test_helpers_match_sglang(sglang, standin):
     assert theirs._flatten_embedding_result(parts[1]) is parts[1] and standin._flatten_embedding_result(parts[1]) is parts[1]
     with pytest.raises(ValueError, match="empty list"):
         standin._flatten_embedding_result([])
-    assert theirs._embedding_token_count(parts[0]) == standin._embedding_token_count(parts[0]) == 6
+    if hasattr(theirs, "_embedding_token_count"):
+        assert theirs._embedding_token_count(parts[0]) == standin._embedding_token_count(parts[0]) == 6
     for owner in ("Qwen3VLForConditionalGeneration", "KimiK25ForConditionalGeneration", "LlavaForConditionalGeneration"):
         for method in ("get_image_feature", "get_video_feature", "forward"):
             func = getattr(type(owner, (), {method: lambda self, items: items})(), method)
             assert theirs._can_skip_pre_embed_feature_move(func) == standin._can_skip_pre_embed_feature_move(func)
     assert not standin._can_skip_pre_embed_feature_move(encoder_list)
+    params = list(inspect.signature(theirs._move_items_to_device).parameters)
+    assert list(inspect.signature(standin._move_items_to_device).parameters) == params
     for side in (theirs, standin):
         items = [Item(hash=1, feature=torch.ones(2)), Item(hash=2, feature="not a tensor")]
-        side._move_items_to_device(items, torch.device("meta"))
+        side._move_items_to_device(items, torch.device("meta"), *([encoder_list] if len(params) == 3 else []))
         assert items[0].feature.device.type == "meta" and items[1].feature == "not a tensor"
 
 
@@ -307,6 +329,10 @@ def test_helpers_match_sglang(sglang, standin):
 def test_cache_hit_acknowledgement_matches_sglang(sglang, standin, rank, tp_size, expected):
     from mm_schedule import StepContext
     from mm_schedule.context import ParallelContext
+
+    if not hasattr(sglang.scheduler, "_acknowledge_deferred_cuda_ipc_cache_hits"):
+        assert not hasattr(standin, "_acknowledge_deferred_cuda_ipc_cache_hits")
+        pytest.skip(f"SGLang {sglang.version} keeps cache hits' CUDA-IPC leases (no acknowledgement)")
 
     standin.set_step_context(StepContext(parallel=ParallelContext(attn_tp_rank=rank, attn_tp_size=tp_size,
                                                                   tp_size=tp_size)))
@@ -318,6 +344,9 @@ def test_cache_hit_acknowledgement_matches_sglang(sglang, standin, rank, tp_size
 
 
 def test_a_mismatched_cache_entry_is_discarded_with_sglangs_log_fields(sglang, standin, caplog):
+    if not hasattr(sglang.scheduler, "_discard_mismatched_cached_embedding"):
+        assert not hasattr(standin, "_discard_mismatched_cached_embedding")
+        pytest.skip(f"SGLang {sglang.version} does not check cached rows")
     for side in (sglang.scheduler, standin):
         side.init_mm_embedding_cache(1 << 20)
         side.embedding_cache.set(7, side.EmbeddingResult(embedding=torch.zeros(1, HIDDEN)))
@@ -403,7 +432,9 @@ def test_storage_is_one_switch_from_sglangs_shared_views(sglang, standin):
         standin.get_embedding_and_mask(encoder_tensor, **_fresh(step))
         entries = cache_state(standin.embedding_cache)
         owning = [t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in entries.values()]
-        assert all(owning) if own else not all(owning)
+        # From 0.5.20 SGLang clones split views too: entries own their storage either way.
+        keeps_views = "views" == standin._profile.form("MultiModalStaticCache")
+        assert all(owning) if own or not keeps_views else not all(owning)
 
 
 def _miscounted(step):

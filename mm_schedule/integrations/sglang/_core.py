@@ -30,16 +30,19 @@ __all__ = [
     "ParallelContext",
     "StepContext",
     "acknowledge_deferred_ipc",
+    "acknowledging_only",
     "check_rows",
     "combine_hashes",
     "count_mm_tokens_in_extend",
     "embedding_and_mask",
+    "encode_items_by_hash",
     "encode_whole_items",
     "evs",
     "get_embedding_chunk",
     "marked_placeholders",
     "move_features_to",
     "packed_precomputed",
+    "without_hit_acknowledgement",
 ]
 
 
@@ -71,6 +74,43 @@ def encode_whole_items(func: Any, entries: Sequence[tuple[Any, int, int]], cache
     tensors = prepare_rows(plan, func, cache, expected, move_features=False, ranks=ranks)
     source_of = dict(zip(plan.seg_request, plan.seg_source))
     return [tensors[source_of[i]] for i in range(n)]
+
+
+def encode_items_by_hash(func: Any, items: list, counts: list[int], cache: EmbeddingCache | None,
+                         device: Any) -> list[Any]:
+    """The whole embedding of each item (``counts[i]`` rows, its runs together) from one
+    encoder call, checked and cached under the item's own hash."""
+    output = func(items)
+    if isinstance(output, list):
+        if len(output) != len(items):
+            raise EncoderOutputError(f"the encoder returned {len(output)} tensors for {len(items)} items")
+        pieces = [check_rows(o, n, item.hash, device) for o, n, item in zip(output, counts, items)]
+    else:
+        flat = check_rows(output, sum(counts), [item.hash for item in items], device)
+        pieces = list(flat.split(counts))
+    if cache is not None:
+        for item, piece in zip(items, pieces):
+            cache.insert(item.hash, EmbeddingResult(embedding=piece))
+    return pieces
+
+
+def without_hit_acknowledgement(context: StepContext) -> StepContext:
+    """``context`` with cache hits not acknowledged to the CUDA-IPC transport."""
+    if context.on_cache_hit is None:
+        return context
+    return dataclasses.replace(context, on_cache_hit=None)
+
+
+def acknowledging_only(context: StepContext, item_ids: set[int]) -> StepContext:
+    """``context`` acknowledging cache hits of the items whose ``id`` is in ``item_ids`` only."""
+    acknowledge = context.on_cache_hit
+
+    def on_cache_hit(items, parallel):
+        kept = [item for item in items if id(item) in item_ids]
+        if kept:
+            acknowledge(kept, parallel)
+
+    return dataclasses.replace(context, on_cache_hit=on_cache_hit)
 
 
 def check_rows(embedding: Any, rows: int, key: Any, device: Any) -> Any:

@@ -1,13 +1,14 @@
 """Where the stand-in departs from SGLang on purpose, each behind one switch.
 
 ``differences`` is the live setting the stand-in reads on every call. Each field is True
-by default (mm_schedule's behaviour); set it False for SGLang 0.5.19's:
+by default (mm_schedule's behaviour); set it False for SGLang's:
 
 * ``batch_on_every_backend``: misses of all requests are encoded together on every
   backend. SGLang encodes request by request on ROCm, Ascend (NPU) and XPU.
-* ``own_storage``: a cache entry is a copy owning exactly its rows. SGLang caches
-  ``torch.split`` views of a combined encoder output, so one cached image keeps the
-  whole batch output alive (and the byte budget is charged for it per entry).
+* ``own_storage``: a cache entry is a copy owning exactly its rows. SGLang 0.5.18 and
+  0.5.19 cache ``torch.split`` views of a combined encoder output, so one cached image
+  keeps the whole batch output alive while the byte budget is charged only its own rows
+  (from 0.5.20 SGLang clones such views too, and the switch changes nothing).
 * ``raise_on_count_mismatch``: placeholder tokens in ``input_ids`` that disagree with the
   items' offsets, or embedding rows that disagree with either, raise
   ``EmbeddingLengthMismatch``. SGLang checks ``input_ids`` only when its async probe is
