@@ -135,7 +135,7 @@ def test_the_triton_kernel_path_matches_under_the_interpreter(monkeypatch):
         return real_launch(sources, segments, dest)
 
     monkeypatch.setattr(kernel_gather, "launch_trusted", counting)
-    import mm_schedule.kernels.trusted as trusted
+    import mm_schedule.kernels.segment_copy.trusted as trusted
 
     trusted._triton_launcher.cache_clear()
     try:

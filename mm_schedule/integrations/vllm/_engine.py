@@ -7,7 +7,7 @@ the errors from the project's error module.
 
 from ...assemble import SegmentTable, one_dtype
 from ...errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError, MMScheduleError
-from ...kernels.trusted import copy_segments
+from ...kernels.segment_copy.trusted import copy_segments
 
 __all__ = [
     "EmbeddingLengthMismatch",
