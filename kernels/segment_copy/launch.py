@@ -37,7 +37,7 @@ from ..backend import select_backend
 from ..dtypes import SUPPORTED_DTYPES, vector_width
 from ..launch_config import row_bucket, unaligned_config
 from ..streams import layer
-from ..tuned_configs import resolve_config
+from ..tuned_configs import on_clear, resolve_config
 from .contract import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .fast_launch import LaunchSpec
 from .kernel import SEG_BLOCK, segment_copy_kernel
@@ -89,9 +89,8 @@ def _make_launch(src_dtype, hidden, vec, one, cfg) -> _Launch:
     return _Launch(LaunchSpec(segment_copy_kernel, constexprs, options), cfg["BLOCK_M"], vec)
 
 
-def clear_caches() -> None:
-    """Forget resolved configs and compiled-kernel handles (after new tuning files)."""
-    _launch_for.cache_clear()
+# New tuning files (``tuned_configs.clear_cache``) make every resolved launch stale.
+on_clear(_launch_for.cache_clear)
 
 
 def _launch(launch: _Launch, dest, grid, table, one, stream) -> None:

@@ -399,10 +399,8 @@ def _tune(args, out: Path, clock: Clock, step: Step, env: dict, summary: Summary
     if report.files:
         os.environ["MM_SCHEDULE_KERNEL_CONFIG_DIR"] = str(out / "tuned")
         from .. import tuned_configs
-        from ..segment_copy import launch
 
-        tuned_configs.clear_cache()
-        launch.clear_caches()
+        tuned_configs.clear_cache()  # the launchers' resolved launches too
 
 
 def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:
