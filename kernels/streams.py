@@ -14,6 +14,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 
 
@@ -54,6 +55,7 @@ class CudaLayer:
 
     def __init__(self):
         self._rings: dict = {}
+        self._rings_lock = threading.Lock()
 
     def guard(self, device):
         import torch
@@ -76,13 +78,16 @@ class CudaLayer:
         if ring is None:
             import torch
 
-            from .segment_copy.table import StagingRing
+            from .segment_copy.staging import StagingRing
 
-            ring = self._rings[device] = StagingRing(
-                lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),
-                lambda n: torch.empty(n, dtype=torch.int64, device=device),
-                torch.cuda.Event,
-            )
+            with self._rings_lock:  # two threads' first launches on a device share one ring
+                ring = self._rings.get(device)
+                if ring is None:
+                    ring = self._rings[device] = StagingRing(
+                        lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),
+                        lambda n: torch.empty(n, dtype=torch.int64, device=device),
+                        torch.cuda.Event,
+                    )
         return ring
 
     def current(self, device):

@@ -145,14 +145,17 @@ def launch_segments(
         if refuse_capture and streams.capturing(device):
             raise GraphCaptureError(_CAPTURE_HINT)
         table, sources_aligned, slot = build_table(segments, sources, device, streams.staging_ring(device))
-        if not (even_rows and sources_aligned):
-            vec = 1
-        # The destination's rows bound the table's (segments never overlap there).
-        launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
-                             config_items)
-        _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
-        if slot is not None:
-            slot.launched()
+        try:
+            if not (even_rows and sources_aligned):
+                vec = 1
+            # The destination's rows bound the table's (segments never overlap there).
+            launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
+                                 config_items)
+            _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
+        finally:
+            if slot is not None:
+                # After the launch: the slot's event must follow the kernel that reads it.
+                slot.launched()
 
 
 def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:

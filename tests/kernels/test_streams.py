@@ -6,13 +6,15 @@ wait and launch. The kernels still run (interpreted, on CPU tensors) and are che
 for bit, so the log describes launches that really copied the rows.
 """
 
+import sys
+
 import pytest
 import torch
 
 from mm_schedule.errors import GraphCaptureError
 from mm_schedule.kernels import placeholder_merge
 from mm_schedule.kernels.segment_copy import launch as gather_mod
-from mm_schedule.kernels.segment_copy import table
+from mm_schedule.kernels.segment_copy import staging, table
 from mm_schedule.kernels.segment_copy.fast_launch import LaunchSpec
 from mm_schedule.kernels.segment_copy.launch import (
     gather_segments,
@@ -85,8 +87,28 @@ class RecordingLayer:
     def current_raw(self, device):
         return self.current(device)
 
+    ring = None  # a test may stage per-call tables in a StagingRing (``with_ring``)
+
     def staging_ring(self, device):
-        return None  # CPU tensors: the packed words are the table
+        return self.ring  # None: CPU tensors, the packed words are the table
+
+    def with_ring(self):
+        layer = self
+
+        class Event:
+            def record(self):
+                # Recorded on the stream current where the launcher stands.
+                layer.log.append(("slot event", layer.device, layer.current(layer.device).name))
+
+            def query(self):
+                return True
+
+            def synchronize(self):
+                layer.log.append(("slot wait",))
+
+        empty = lambda n: torch.zeros(n, dtype=torch.int64)  # noqa: E731
+        self.ring = staging.StagingRing(empty, empty, Event)
+        return self
 
 
 @pytest.fixture
@@ -135,6 +157,39 @@ def test_per_call_table_is_staged_and_launched_under_the_destination_device(fake
     helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
     assert fake.log == [("enter", "cpu"), ("table", "cpu", "S1"), ("launch", "cpu", "S1"), ("exit", "cpu")]
     assert fake.device == "other"  # the caller's current device is restored
+
+
+def test_a_staged_tables_event_is_recorded_after_the_launch_that_reads_it(fake, helpers):
+    """The slot may be rewritten once its event has completed: recorded before the launch,
+    the event would complete while the kernel still has to read the table."""
+    sources, segments = _data(helpers)
+    fake.with_ring().set_stream("cpu", "S1")
+    for _ in range(3):
+        fake.log.clear()
+        out = helpers.poisoned((10, 64), torch.float16)
+        merge_segments(sources, segments, out, config=SMALL)
+        helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
+        assert fake.log == [
+            ("enter", "cpu"),
+            ("table", "cpu", "S1"),
+            ("launch", "cpu", "S1"),
+            ("slot event", "cpu", "S1"),  # after the launch, on its stream, inside the guard
+            ("exit", "cpu"),
+        ]
+
+
+def test_a_failed_launch_hands_its_slot_back(fake, helpers, monkeypatch):
+    sources, segments = _data(helpers)
+    fake.with_ring()
+
+    def broken(self, grid, args, variant, stream):
+        raise RuntimeError("launch failed")
+
+    monkeypatch.setattr(LaunchSpec, "launch", broken)
+    for _ in range(2 * staging.StagingRing.SLOTS):
+        with pytest.raises(RuntimeError, match="launch failed"):
+            gather_segments(sources, segments, out=torch.zeros(10, 64, dtype=torch.float16))
+    assert len(fake.ring) == staging.StagingRing.SLOTS  # no slot stayed claimed
 
 
 def test_one_segment_needs_no_table(fake, helpers):
@@ -351,32 +406,51 @@ def test_placeholder_ids_on_another_device_are_refused_under_capture(fake, helpe
 
 
 class FakeEvent:
+    """A CUDA event whose completion the test decides: ``query()`` is False until the
+    device "has run" the work before it (``finish``), ``synchronize()`` waits for that."""
+
     def __init__(self, log):
-        self.log, self.recorded = log, 0
+        self.log, self.recorded, self.done = log, 0, True
 
     def record(self):
         self.recorded += 1
+        self.done = False
         self.log.append(("record", id(self)))
+
+    def query(self):
+        self.log.append(("query", id(self)))
+        return self.done
 
     def synchronize(self):
         self.log.append(("synchronize", id(self)))
+        self.done = True
+
+
+def _ring(log, allocations=None):
+    def empty(n):
+        if allocations is not None:
+            allocations.append(n)
+        return torch.full((n,), -1, dtype=torch.int64)
+
+    events = []
+
+    def new_event():
+        events.append(FakeEvent(log))
+        return events[-1]
+
+    ring = staging.StagingRing(empty, empty, new_event)
+    ring.events = events
+    return ring
 
 
 @pytest.mark.parametrize("c_helper", [True, False])
-def test_staging_ring_reuses_its_buffers_and_waits_for_the_launch_that_read_a_slot(
-    helpers, monkeypatch, c_helper
-):
+def test_staging_ring_reuses_a_slot_once_the_launch_that_read_it_has_run(helpers, monkeypatch, c_helper):
     if not c_helper:
         monkeypatch.setattr(table, "_stream_copy", None)  # packed in Python
     elif table._stream_copy is None:
         pytest.skip("the C helper is not built")
     log, allocations = [], []
-
-    def empty(n):
-        allocations.append(n)
-        return torch.full((n,), -1, dtype=torch.int64)
-
-    ring = table.StagingRing(empty, empty, lambda: FakeEvent(log))
+    ring = _ring(log, allocations)
     sources = [helpers.random_rows(4, 64, torch.float16) for _ in range(3)]
     staged = []
     for call in range(2 * ring.SLOTS + 1):
@@ -387,13 +461,92 @@ def test_staging_ring_reuses_its_buffers_and_waits_for_the_launch_that_read_a_sl
         assert device_table[: len(words)].tolist() == list(words)
         assert aligned == all(s.data_ptr() % 16 == 0 for s in sources)
         slot.launched()
-        staged.append((slot, device_table.data_ptr()))
-    # One host and one device buffer per slot (8 + 8, plus growth for a longer table), and
-    # every later call reuses its slot after waiting for that slot's last launch.
-    assert len(allocations) <= 4 * ring.SLOTS
+        for event in ring.events:
+            event.done = True  # the device keeps up
+        staged.append(slot)
+    # One host and one device buffer per slot (8 + 8, plus growth for a longer table); every
+    # later call reuses the slot of SLOTS calls before, after asking (not waiting) whether
+    # its launch has run.
+    assert len(ring) == ring.SLOTS and len(allocations) <= 4 * ring.SLOTS
     for call in range(ring.SLOTS, len(staged)):
-        slot, _ = staged[call]
-        assert slot is staged[call - ring.SLOTS][0]
-    assert sum(e[0] == "synchronize" for e in log) == ring.SLOTS + 1
-    first = staged[0][0].event
-    assert log.index(("synchronize", id(first))) > log.index(("record", id(first)))
+        assert staged[call] is staged[call - ring.SLOTS]
+    assert not any(e[0] == "synchronize" for e in log)
+    first = staged[0].event
+    assert log.index(("query", id(first))) > log.index(("record", id(first)))
+
+
+def test_staging_ring_adds_slots_instead_of_waiting_while_launches_are_in_flight(helpers):
+    log = []
+    ring = _ring(log)
+    sources = [helpers.random_rows(4, 64, torch.float16)]
+    calls = 3 * ring.SLOTS + 5
+    slots = []
+    for call in range(calls):  # the device runs nothing meanwhile
+        _, _, slot = table.build_table([(0, 0, 2, 2 * call)], sources, torch.device("cpu"), ring)
+        slot.launched()
+        slots.append(slot)
+    assert not any(e[0] == "synchronize" for e in log)  # the host never waited
+    assert len({id(s) for s in slots}) == calls == len(ring)  # no slot was shared
+    # Once the device has caught up, the oldest slots are reused first, in launch order.
+    for event in ring.events:
+        event.done = True
+    again = [table.build_table([(0, 0, 2, 0)], sources, torch.device("cpu"), ring)[2] for _ in range(3)]
+    for slot in again:
+        slot.launched()
+    assert again == slots[:3] and len(ring) == calls
+
+
+def test_staging_ring_waits_only_at_its_limit_and_then_for_the_oldest_launch(helpers, monkeypatch):
+    monkeypatch.setattr(staging.StagingRing, "MAX_SLOTS", 10)
+    log = []
+    ring = _ring(log)
+    sources = [helpers.random_rows(4, 64, torch.float16)]
+    slots = []
+    for call in range(12):
+        slot = table.build_table([(0, 0, 1, call)], sources, torch.device("cpu"), ring)[2]
+        slot.launched()
+        slots.append(slot)
+    assert len(ring) == 10
+    waited = [e[1] for e in log if e[0] == "synchronize"]
+    assert waited == [id(slots[0].event), id(slots[1].event)] and slots[10:] == slots[:2]
+
+
+def test_staging_ring_never_gives_one_slot_to_two_threads(helpers):
+    """Threads staging on one device at once: a slot is held from its claim until its
+    launch, so no two threads ever write one table."""
+    import threading
+
+    log = []
+    ring = _ring(log)
+    sources = [helpers.random_rows(64, 64, torch.float16)]
+    holders: dict = {}
+    clashes, errors = [], []
+    start = threading.Barrier(6)
+
+    def worker(n):
+        try:
+            start.wait()
+            for call in range(200):
+                slot = table.build_table([(0, n, 1 + call % 7, call)], sources, torch.device("cpu"), ring)[2]
+                if holders.setdefault(id(slot), n) != n:
+                    clashes.append(id(slot))
+                # The table this thread staged is still its own until it launches.
+                assert slot.device[1:5].tolist() == [0, n, 1 + call % 7, call]
+                del holders[id(slot)]
+                slot.launched()
+                for event in list(ring.events):
+                    event.done = True
+        except Exception as exc:  # reported below: an assert in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors and not clashes
