@@ -96,9 +96,10 @@ class CudaLayer:
         return torch.cuda.current_stream(device)
 
     def capturing(self, device) -> bool:
+        """Whether ``device``'s current stream is capturing a CUDA graph."""
         import torch
 
-        with torch.cuda.device(device):
+        with self.guard(device):
             return torch.cuda.is_current_stream_capturing()
 
     def record(self, stream):

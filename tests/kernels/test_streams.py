@@ -550,3 +550,68 @@ def test_staging_ring_never_gives_one_slot_to_two_threads(helpers):
     finally:
         sys.setswitchinterval(interval)
     assert not errors and not clashes
+
+
+# --- the CUDA layer itself, with torch.cuda stubbed -------------------------------------
+
+
+class StubCuda:
+    """torch.cuda as the CUDA layer uses it: a current device, a device guard, and the
+    capture state of each device's current stream."""
+
+    def __init__(self, current=0):
+        self.current, self.log, self.capturing_on = current, [], set()
+
+    def current_device(self):
+        return self.current
+
+    def device(self, device):
+        cuda = self
+
+        class Guard:
+            def __enter__(self):
+                self.previous, cuda.current = cuda.current, device.index
+                cuda.log.append(("enter", device.index))
+
+            def __exit__(self, *exc):
+                cuda.current = self.previous
+                cuda.log.append(("exit", device.index))
+
+        return Guard()
+
+    def is_current_stream_capturing(self):
+        return self.current in self.capturing_on
+
+
+@pytest.fixture
+def stub_cuda(monkeypatch):
+    from mm_schedule.kernels import streams
+
+    cuda = StubCuda()
+    for name in ("current_device", "device", "is_current_stream_capturing"):
+        monkeypatch.setattr(torch.cuda, name, getattr(cuda, name))
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: f"raw{index}", raising=False)
+    return cuda, streams.CudaLayer()
+
+
+def test_cuda_guard_enters_the_destination_device_only_when_it_is_not_current(stub_cuda):
+    cuda, layer = stub_cuda
+    with layer.guard(torch.device("cuda", 1)):
+        assert cuda.current == 1
+        assert layer.current_raw(torch.device("cuda", 1)) == "raw1"
+    assert cuda.current == 0 and cuda.log == [("enter", 1), ("exit", 1)]
+    cuda.log.clear()
+    for device in (torch.device("cuda", 0), torch.device("cuda")):  # already current
+        with layer.guard(device):
+            assert cuda.current == 0
+    assert cuda.log == []
+    assert layer.current_raw(torch.device("cuda")) == "raw0"
+
+
+def test_cuda_capture_state_is_read_on_the_destination_device(stub_cuda):
+    cuda, layer = stub_cuda
+    cuda.capturing_on = {1}
+    assert layer.capturing(torch.device("cuda", 1)) and cuda.current == 0
+    assert not layer.capturing(torch.device("cuda", 0))
+    cuda.current = 1
+    assert not layer.capturing(torch.device("cuda", 0)) and cuda.current == 1
