@@ -36,6 +36,9 @@ class HostLayer:
     def wait(self, stream, event) -> None:
         pass
 
+    def done(self, event) -> bool:
+        return True
+
     def keep_for(self, tensor, stream) -> None:
         pass
 
@@ -111,6 +114,10 @@ class CudaLayer:
 
     def wait(self, stream, event) -> None:
         stream.wait_event(event)
+
+    def done(self, event) -> bool:
+        """Whether the work before ``event`` has run (asked, never waited for)."""
+        return event.query()
 
     def keep_for(self, tensor, stream) -> None:
         # The caching allocator then reuses the memory only after `stream` passes this point.

@@ -20,7 +20,8 @@ Uploads happen on the stream current at the call, inside the destination's devic
 guard, from pinned memory with ``non_blocking=True``; the launch that follows on the
 same stream is ordered after the copy. Per-call tables are staged in the device's
 ``staging.StagingRing`` (reused pinned and device buffers, no allocation per call); a
-plan keeps its own pinned staging buffer for ``update``.
+plan keeps its own pinned staging buffer for ``update`` (``upload``), reused once the
+copy that last read it has completed.
 """
 
 from __future__ import annotations
@@ -122,11 +123,19 @@ def stage_table(ring, segments: Sequence[Segment], sources: Sequence):
     return slot.device, aligned, slot
 
 
-def upload(words: array, device, *, into=None):
+def pinned_words(n_words: int):
+    """A pinned host buffer of ``n_words`` int64 words (from torch's pinned-memory cache)."""
+    return torch.empty(n_words, dtype=torch.int64, pin_memory=True)
+
+
+def upload(words: array, device, *, staging=None, into=None):
     """A plan's table on ``device``, copied on the current stream.
 
-    ``into`` rewrites an existing table in place (its address stays fixed, which a
-    captured CUDA graph needs); it must be at least as long as ``words``.
+    Off the CPU the words go through ``staging``, a pinned buffer of at least
+    ``len(words)`` words (``pinned_words``) that no queued copy still reads: the plan
+    keeps one for its updates. ``into`` rewrites an existing table in place (its address
+    stays fixed, which a captured CUDA graph needs); it must be at least as long as
+    ``words``.
     """
 
     host = torch.frombuffer(words, dtype=torch.int64)
@@ -135,7 +144,7 @@ def upload(words: array, device, *, into=None):
             return host
         into[: len(words)].copy_(host)
         return into
-    staging = torch.empty(len(words), dtype=torch.int64, pin_memory=True)
+    staging = staging[: len(words)]
     staging.copy_(host)
     if into is None:
         return staging.to(device, non_blocking=True)

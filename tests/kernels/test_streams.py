@@ -81,6 +81,11 @@ class RecordingLayer:
     def keep_for(self, tensor, stream):
         self.log.append(("keep", stream.name))
 
+    pending = frozenset()  # events whose work the "device" has not run yet
+
+    def done(self, event):
+        return event not in self.pending
+
     def raw(self, stream):
         return stream
 
@@ -303,13 +308,48 @@ def test_capture_runs_a_plan_only_on_a_stream_it_has_run_on(fake, helpers):
     helpers.assert_bitwise_equal(out, _expected(helpers, sources, segments, 10))
 
 
-def test_one_segment_trusted_copy_is_capturable(fake, helpers):
+def test_one_segment_trusted_copy_is_captured_only_for_static_sources(fake, helpers):
+    """A captured one-segment launch keeps the source's address; every replay reads it."""
     sources, _ = _data(helpers, 4)
     out = helpers.poisoned((10, 64), torch.float16)
     fake.capture = True
-    copy_segments(sources, [(1, 1, 3, 6)], out)
+    with pytest.raises(GraphCaptureError, match="static_sources=True"):
+        copy_segments(sources, [(1, 1, 3, 6)], out)
+    assert not any(e[0] == "launch" for e in fake.log)
+    fake.log.clear()
+    copy_segments(sources, [(1, 1, 3, 6)], out, static_sources=True)
     helpers.assert_bitwise_equal(out, _expected(helpers, sources, [(1, 1, 3, 6)], 10))
     assert [e[0] for e in fake.log] == ["enter", "launch", "exit"]
+    # A table of several segments is staged per call: refused even for static sources.
+    with pytest.raises(GraphCaptureError, match="run_segments"):
+        copy_segments(sources, [(1, 1, 3, 6), (0, 0, 2, 0)], out, static_sources=True)
+    fake.capture = False
+    copy_segments(sources, [(1, 1, 3, 6)], helpers.poisoned((10, 64), torch.float16))  # no capture: fine
+
+
+def test_torch_trusted_copy_off_the_cpu_is_refused_under_capture(monkeypatch, torch_backend):
+    """The torch path on a GPU: views and copies keep the sources' addresses in a graph, and
+    the packed scatter uploads its columns from pageable memory."""
+    from mm_schedule.kernels import streams
+    from mm_schedule.kernels.segment_copy import trusted
+
+    capturing = RecordingLayer()
+    capturing.capture = True
+    monkeypatch.setattr(streams, "layer", lambda device: capturing)
+    n = trusted.SCATTER_MIN_SEGMENTS
+    sources = [torch.empty(4, 8, device="meta") for _ in range(n)]
+    dst = torch.empty(6 * n, 8, device="meta")  # stands for a GPU tensor: no data, no host copy
+    fused = [(i, 0, 4, 6 * i) for i in range(n)]
+    for segments in (fused[:1], fused[:3]):
+        with pytest.raises(GraphCaptureError, match="static_sources=True"):
+            copy_segments(sources, segments, dst)
+        copy_segments(sources, segments, dst, static_sources=True)
+    with pytest.raises(GraphCaptureError, match="scatter_rows"):
+        copy_segments(sources, fused, dst, static_sources=True)
+    with pytest.raises(GraphCaptureError, match="scatter_rows"):
+        trusted.scatter_rows(sources[:2], [4, 4], [0, 6], dst)
+    capturing.capture = False
+    copy_segments(sources, fused, dst)  # outside a capture: the scatter runs
 
 
 def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
@@ -348,6 +388,45 @@ def test_an_empty_table_with_a_fixed_grid_copies_nothing_and_reads_no_record(fak
     expected = before.clone()
     gather_mod.gather_segments_ref(sources, segments, expected)
     helpers.assert_bitwise_equal(out, expected)
+
+
+def test_plan_updates_copy_through_one_pinned_buffer_and_never_wait_for_the_last_copy(
+    fake, helpers, monkeypatch
+):
+    """Off the CPU a plan copies its table through its own pinned buffer: reused when the
+    copy that last read it has run, replaced (not waited for) when it may still be running."""
+    sources, segments = _data(helpers, 8)
+    out = helpers.poisoned((10, 64), torch.float16)
+    plan = plan_segments(sources, segments, out, config=SMALL, capacity=8)
+
+    class Gpu:  # a device other than the CPU; the tensors stay on the CPU
+        type = "cuda"
+
+        def __str__(self):
+            return "cuda:0"
+
+    buffers, through = [], []
+    monkeypatch.setattr(gather_mod, "pinned_words", lambda n: buffers.append(torch.empty(n, dtype=torch.int64))
+                        or buffers[-1])  # fmt: skip
+    real_upload = table.upload
+
+    def upload(words, device, staging=None, into=None):
+        through.append(staging)
+        assert staging is not None and staging.numel() >= len(words)
+        return real_upload(words, torch.device("cpu"), into=into)
+
+    monkeypatch.setattr(gather_mod, "upload", upload)
+    plan.device = Gpu()
+    swapped = [(0, 0, 6, 4), (1, 0, 4, 0)]
+    plan._load(sources, swapped)  # the plan's first copy off the CPU: a new buffer
+    plan._load(sources, segments)  # that copy has run: the same buffer
+    fake.pending = {plan.upload_event}  # this copy is still running when the next comes
+    plan._load(sources, swapped)
+    assert len(buffers) == 2 and through[0] is through[1] is buffers[0] and through[2] is buffers[1]
+    assert not any(e[0] == "synchronize" for e in fake.log)
+    plan.device = out.device
+    run_segments(plan, out)
+    helpers.assert_bitwise_equal(out, _expected(helpers, sources, swapped, 10))
 
 
 def test_capture_refuses_a_plan_without_capacity(fake, helpers):
