@@ -66,8 +66,8 @@ def _problem(case: SweepCase, device, seed: int):
     import torch
 
     dtype = getattr(torch, case.dtype)
-    gen = torch.Generator().manual_seed(seed)
-    sources = [(torch.randn(n, case.hidden, generator=gen) * 3).to(dtype).to(device) for n in case.segment_rows]
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: no host copies
+    sources = [(torch.randn(n, case.hidden, generator=gen, device=device) * 3).to(dtype) for n in case.segment_rows]
     gap = (case.dest_rows - sum(case.segment_rows)) // len(case.segment_rows)
     segments, row = [], 0
     for i, n in enumerate(case.segment_rows):
