@@ -151,3 +151,58 @@ def test_a_cached_handle_runs_only_arguments_of_the_alignment_it_was_compiled_fo
     direct = [(spec, seen) for kind, spec, seen in log if kind == "direct"]
     assert len(direct) == len(calls) - len(compiled_for)
     assert all(spec == seen for spec, seen in direct), direct
+
+
+ORDER_SCRIPT = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("bench_kernel_host", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+sys.modules["bench_kernel_host"] = bench
+spec.loader.exec_module(bench)
+from triton.runtime import driver
+from mm_schedule.kernels import backend
+from mm_schedule.kernels.segment_copy import launch as gather
+from mm_schedule.kernels.segment_copy.staging import StagingRing
+
+order = []
+
+class Recording(bench._StubLauncher):
+    def __call__(self, *args):
+        order.append("launch")
+
+class Event:
+    def record(self):
+        order.append("slot event")
+    def query(self):
+        return True
+    def synchronize(self):
+        order.append("slot wait")
+
+stub = bench.StubDriver()
+stub.launcher_cls = Recording
+driver.set_active(stub)
+backend.set_backend("triton")
+stand_in = bench.GpuStandIn()
+stand_in.ring = StagingRing(stand_in.ring._host_empty, stand_in.ring._device_empty, Event)
+gather.layer = lambda device: stand_in
+real_stage = gather.build_table
+gather.build_table = lambda *a: order.append("stage") or real_stage(*a)
+sources, segments, dest = bench.images(3)
+for _ in range(3):  # the JIT's launch, then direct launches of the cached handle
+    gather.launch_segments(sources, segments, dest)
+print(json.dumps(order))
+"""
+
+
+def test_the_staging_event_follows_the_driver_launch_on_every_path():
+    """With the GPU driver stubbed (Triton compiles for sm_90, its launcher records the
+    call), the slot's event is recorded after the driver launch, on the JIT's first launch
+    and on the direct launches after it."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run(
+        [sys.executable, "-c", ORDER_SCRIPT, str(BENCH)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    order = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert order == ["stage", "launch", "slot event"] * 3
