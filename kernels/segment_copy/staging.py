@@ -50,7 +50,8 @@ class StagingRing:
             slot = self._slots[self._next]
             if slot.busy():
                 if len(self._slots) < self.MAX_SLOTS:
-                    # Every slot is in flight: one more, before the oldest, which stays next.
+                    # The oldest slot is still in flight (on one stream, so is every later one):
+                    # one more, placed before it, so that the oldest stays next.
                     slot = _Slot(self)
                     self._slots.insert(self._next, slot)
                 else:
