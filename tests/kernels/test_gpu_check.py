@@ -247,3 +247,28 @@ def test_a_gpu_run_writes_outside_out_only_where_asked(tmp_path, monkeypatch):
         tmp_path / "out", tmp_path / "unpacked").rglob("*") if p.is_file()) == [
         "gpu_check/bandwidth.md", "gpu_check/gpu_check.log", "gpu_check/tuned/segment_gather/NVIDIA_H200.json",
     ]  # fmt: skip
+
+
+def test_what_only_a_gpu_run_uses_is_valid_and_fits_eight_minutes():
+    """The GPU run's own settings, which the dry run replaces by tiny ones: the tuner's
+    shapes parse, the AOT targets exist, every sweep case's segments fit its destination
+    without overlapping, and the default caps leave the budget inside the documented
+    `timeout 480` with half a minute for start-up."""
+    from mm_schedule.kernels.tools import aot, gpu_check
+    from mm_schedule.kernels.tools.space import parse_shapes
+
+    shapes = parse_shapes(",".join(gpu_check.TUNE_SHAPES.format(h=h) for h in gpu_check.TUNE_HIDDEN))
+    assert len(shapes) == 2 * len(gpu_check.TUNE_HIDDEN)
+    assert set(gpu_check.AOT_TARGETS) == set(aot.TARGETS)
+    for case in bandwidth.CASES:
+        assert case.dtype in ("bfloat16", "float16", "float32") and case.hidden % 8 == 0
+        gap = (case.dest_rows - sum(case.segment_rows)) // len(case.segment_rows)
+        assert gap >= 0, case.name
+        last = sum(case.segment_rows) + gap * (len(case.segment_rows) - 1)
+        assert last <= case.dest_rows, case.name
+        small = bandwidth.tiny(case)
+        assert sum(small.segment_rows) <= small.dest_rows and small.hidden == 64
+    args = gpu_check.parse_args(["--out", "x"])
+    assert args.budget_s + 30 <= 480
+    assert args.tests_s + 2 * args.tune_s + args.bandwidth_s < args.budget_s  # the benchmark gets the rest
+    assert args.aot_s < args.budget_s  # compiled beside the other steps, from the start
