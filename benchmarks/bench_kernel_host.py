@@ -10,7 +10,7 @@ launch path down to (not including) the driver call. Two things stand in for the
   tensors — the device-current check and raw-stream lookup as calls returning constants,
   the per-call table staged through the same ``StagingRing`` (memmove into a reused host
   buffer, one ``copy_(non_blocking=True)`` into a reused table, an event recorded after
-  the launch and waited for on reuse) with CPU tensors and events that return at once.
+  the launch and queried on reuse) with CPU tensors and events that return at once.
 
 Every number is a ratio against an empty Triton launch through the same stub, measured
 in the same process. Left out, because only a GPU has them: the driver's launch (in the
@@ -133,6 +133,9 @@ class _ReadyEvent:
     def record(self):
         pass
 
+    def query(self):
+        return True
+
     def synchronize(self):
         pass
 
@@ -141,7 +144,7 @@ class GpuStandIn:
     """The CUDA layer's calls on CPU tensors (see the module docstring)."""
 
     def __init__(self):
-        from mm_schedule.kernels.segment_copy.table import StagingRing
+        from mm_schedule.kernels.segment_copy.staging import StagingRing
 
         self.current_index = 0
         self.ring = StagingRing(
@@ -176,6 +179,9 @@ class GpuStandIn:
 
     def wait(self, stream, event):
         pass
+
+    def done(self, event):
+        return True
 
     def keep_for(self, tensor, stream):
         pass

@@ -4,9 +4,10 @@
 #   bash benchmarks/gpu_check.sh --out DIR [--budget-s 300]     # PYTHON=... picks the interpreter
 #
 # It makes this checkout importable as mm_schedule (the package maps kernels/ and
-# codemods/ into its namespace, so it links them into a temporary folder instead of
-# installing anything) and runs `python -m mm_schedule.kernels.tools.gpu_check` with the
-# same arguments: GPU tests, tuner and benchmark in one process; see that module.
+# codemods/ into its namespace, so it links them into a temporary folder, removed on exit,
+# instead of installing anything) and runs `python -m mm_schedule.kernels.tools.gpu_check`
+# with the same arguments: AOT report, GPU tests, tuner, bandwidth sweep and benchmark in
+# one process, everything left in DIR/gpu_check.tar.gz; see that module.
 set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -20,8 +21,8 @@ ln -s "$REPO/codemods" "$SITE/mm_schedule/codemods"
 args=()
 while (($#)); do
   case $1 in
-    --out|--results-dir) args+=("$1" "$(realpath -m -- "${2:-}")"); shift; shift || true ;;
-    --out=*|--results-dir=*) args+=("${1%%=*}=$(realpath -m -- "${1#*=}")"); shift ;;
+    --out|--results-dir|--configs-dir) args+=("$1" "$(realpath -m -- "${2:-}")"); shift; shift || true ;;
+    --out=*|--results-dir=*|--configs-dir=*) args+=("${1%%=*}=$(realpath -m -- "${1#*=}")"); shift ;;
     *) args+=("$1"); shift ;;
   esac
 done

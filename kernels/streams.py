@@ -14,6 +14,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 
 
@@ -35,6 +36,9 @@ class HostLayer:
     def wait(self, stream, event) -> None:
         pass
 
+    def done(self, event) -> bool:
+        return True
+
     def keep_for(self, tensor, stream) -> None:
         pass
 
@@ -54,6 +58,7 @@ class CudaLayer:
 
     def __init__(self):
         self._rings: dict = {}
+        self._rings_lock = threading.Lock()
 
     def guard(self, device):
         import torch
@@ -76,13 +81,16 @@ class CudaLayer:
         if ring is None:
             import torch
 
-            from .segment_copy.table import StagingRing
+            from .segment_copy.staging import StagingRing
 
-            ring = self._rings[device] = StagingRing(
-                lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),
-                lambda n: torch.empty(n, dtype=torch.int64, device=device),
-                torch.cuda.Event,
-            )
+            with self._rings_lock:  # two threads' first launches on a device share one ring
+                ring = self._rings.get(device)
+                if ring is None:
+                    ring = self._rings[device] = StagingRing(
+                        lambda n: torch.empty(n, dtype=torch.int64, pin_memory=True),
+                        lambda n: torch.empty(n, dtype=torch.int64, device=device),
+                        torch.cuda.Event,
+                    )
         return ring
 
     def current(self, device):
@@ -91,9 +99,10 @@ class CudaLayer:
         return torch.cuda.current_stream(device)
 
     def capturing(self, device) -> bool:
+        """Whether ``device``'s current stream is capturing a CUDA graph."""
         import torch
 
-        with torch.cuda.device(device):
+        with self.guard(device):
             return torch.cuda.is_current_stream_capturing()
 
     def record(self, stream):
@@ -105,6 +114,10 @@ class CudaLayer:
 
     def wait(self, stream, event) -> None:
         stream.wait_event(event)
+
+    def done(self, event) -> bool:
+        """Whether the work before ``event`` has run (asked, never waited for)."""
+        return event.query()
 
     def keep_for(self, tensor, stream) -> None:
         # The caching allocator then reuses the memory only after `stream` passes this point.

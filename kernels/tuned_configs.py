@@ -25,8 +25,8 @@ rows use the 4096 bucket rather than 1024, unlike vLLM's linear distance). Ties 
 larger key.
 
 Each file is read and checked once (``clear_cache`` forgets everything, e.g. after
-writing new files in-process); answers are cached per (kernel, dtype, hidden, rows,
-device, override folder).
+writing new files in-process, including the launchers' resolved launches); answers are
+cached per (kernel, dtype, hidden, rows, device, override folder).
 """
 
 from __future__ import annotations
@@ -260,12 +260,26 @@ def iter_configs(folder: Path | None = None):
                     yield table.header["kernel"], path.stem, dtype, hidden, rows, dict(config)
 
 
+# Caches elsewhere that hold resolved configs (the launchers' per-shape launches): a
+# launcher registers its clearing function here, since this module cannot import it.
+_dependent_caches: list = []
+
+
+def on_clear(clear) -> None:
+    """Have ``clear_cache`` also call ``clear`` (a launcher's cache of resolved configs)."""
+    if clear not in _dependent_caches:
+        _dependent_caches.append(clear)
+
+
 def clear_cache() -> None:
-    """Forget parsed files, cached answers and which misses were already logged."""
+    """Forget parsed files, cached answers, which misses were already logged, and every
+    launch resolved from them (``on_clear``): the next launch reads the files again."""
     load_table.cache_clear()
     _config_dirs.cache_clear()
     _cached_config.cache_clear()
     _reported_misses.clear()
+    for clear in _dependent_caches:
+        clear()
 
 
 def resolve_config(

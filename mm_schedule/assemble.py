@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .kernels.host_copy import append_whole_sources
-from .kernels.trusted import copy_segments
+from .kernels.segment_copy.host_copy import append_whole_sources
+from .kernels.segment_copy.trusted import copy_segments
 from .plan import StepPlan
 
 

@@ -41,7 +41,7 @@ from .context import StepContext
 from .encode import Encoders, encode_misses
 from .errors import CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
-from .kernels.segments import first_overlap
+from .kernels.segment_copy.contract import first_overlap
 from .plan import (
     HIT,
     MISS,

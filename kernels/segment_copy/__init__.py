@@ -1,7 +1,8 @@
 """The segment copy: rows of many source tensors into one destination, in one launch.
 
 - ``contract.py``: what a segment is, and every host check of tables and tensors;
-- ``table.py``: the device-side table, its packing and per-call staging;
+- ``table.py``: the device-side table and its packing;
+- ``staging.py``: the ring of reused buffers per-call tables are staged in;
 - ``kernel.py``: the Triton kernel;
 - ``fast_launch.py``: launching it without Triton's per-call argument binder;
 - ``launch.py``: the public launchers (checked gather / merge, plan and run);

@@ -37,11 +37,19 @@ from ..backend import select_backend
 from ..dtypes import SUPPORTED_DTYPES, vector_width
 from ..launch_config import row_bucket, unaligned_config
 from ..streams import layer
-from ..tuned_configs import resolve_config
+from ..tuned_configs import on_clear, resolve_config
 from .contract import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .fast_launch import LaunchSpec
 from .kernel import SEG_BLOCK, segment_copy_kernel
-from .table import build_table, count_tiles, grid_bound, table_size, table_words, upload
+from .table import (
+    build_table,
+    count_tiles,
+    grid_bound,
+    pinned_words,
+    table_size,
+    table_words,
+    upload,
+)
 
 KERNEL_NAME = "segment_gather"
 
@@ -89,9 +97,8 @@ def _make_launch(src_dtype, hidden, vec, one, cfg) -> _Launch:
     return _Launch(LaunchSpec(segment_copy_kernel, constexprs, options), cfg["BLOCK_M"], vec)
 
 
-def clear_caches() -> None:
-    """Forget resolved configs and compiled-kernel handles (after new tuning files)."""
-    _launch_for.cache_clear()
+# New tuning files (``tuned_configs.clear_cache``) make every resolved launch stale.
+on_clear(_launch_for.cache_clear)
 
 
 def _launch(launch: _Launch, dest, grid, table, one, stream) -> None:
@@ -107,13 +114,21 @@ def _launch(launch: _Launch, dest, grid, table, one, stream) -> None:
 
 
 def launch_segments(
-    sources: Sequence, segments: Sequence, dest, config: dict | None = None, *, refuse_capture=False
+    sources: Sequence,
+    segments: Sequence,
+    dest,
+    config: dict | None = None,
+    *,
+    refuse_capture=False,
+    static_sources=False,
 ) -> None:
     """Stage and launch a table that is already known to be valid (no checks here).
 
     Runs under ``dest``'s device; the table is uploaded on that device's current stream
     and the kernel launched right after it on the same stream. ``refuse_capture``: raise
-    ``GraphCaptureError`` instead of staging a table while a CUDA graph is captured.
+    ``GraphCaptureError`` instead of launching while a CUDA graph is captured — always
+    for a staged table, and for one segment unless ``static_sources`` (the graph keeps
+    the source's address as a launch argument).
     """
     if not segments:
         return
@@ -136,6 +151,8 @@ def launch_segments(
                     f"segment {tuple(segments[0])}: destination rows up to {dst_row + n_rows} do not"
                     f" fit the kernel's 32-bit row arguments (at most {INT32_MAX})"
                 )
+            if refuse_capture and not static_sources and streams.capturing(device):
+                raise GraphCaptureError(_ONE_SEGMENT_CAPTURE_HINT)
             address = sources[source].data_ptr() + src_row * hidden * itemsize
             if not (even_rows and address % 16 == 0):
                 vec = 1
@@ -146,22 +163,26 @@ def launch_segments(
         if refuse_capture and streams.capturing(device):
             raise GraphCaptureError(_CAPTURE_HINT)
         table, sources_aligned, slot = build_table(segments, sources, device, streams.staging_ring(device))
-        if not (even_rows and sources_aligned):
-            vec = 1
-        # The destination's rows bound the table's (segments never overlap there).
-        launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
-                             config_items)
-        _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
-        if slot is not None:
-            slot.launched()
+        try:
+            if not (even_rows and sources_aligned):
+                vec = 1
+            # The destination's rows bound the table's (segments never overlap there).
+            launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
+                                 config_items)
+            _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
+        finally:
+            if slot is not None:
+                # After the launch: the slot's event must follow the kernel that reads it.
+                slot.launched()
 
 
-def launch_trusted(sources: Sequence, segments: Sequence, dest) -> None:
+def launch_trusted(sources: Sequence, segments: Sequence, dest, *, static_sources=False) -> None:
     """The scheduler's Triton path: its planner already checked the table, so nothing is
-    checked again. A table of several segments is staged per call, which a CUDA graph
-    cannot replay: that is refused under capture rather than recorded with a dangling
-    buffer (one segment needs no table and is capturable)."""
-    launch_segments(sources, segments, dest, refuse_capture=True)
+    checked again. Under CUDA-graph capture a table of several segments is refused (it is
+    staged per call: the graph would replay a recycled buffer), and so is one segment
+    unless ``static_sources`` says its source stays at its address while the graph can be
+    replayed (the launch carries that address, which every replay reads again)."""
+    launch_segments(sources, segments, dest, refuse_capture=True, static_sources=static_sources)
 
 
 # --- checks of the public API ----------------------------------------------------------
@@ -170,6 +191,14 @@ _CAPTURE_HINT = (
     "this call stages its segment table on every call, which a CUDA graph would replay"
     " from a recycled buffer; build a plan before capturing (plan_segments(..., capacity=N))"
     " and capture only run_segments(plan, dest)"
+)
+
+
+_ONE_SEGMENT_CAPTURE_HINT = (
+    "copy_segments was called while a CUDA graph is being captured: the graph would keep this"
+    " call's source address and read it on every replay, after the source may have been freed;"
+    " pass static_sources=True if the sources stay alive at fixed addresses for as long as the"
+    " graph, or capture run_segments of a plan"
 )
 
 
@@ -300,7 +329,10 @@ class SegmentPlan:
 
     ``plan_segments`` does all host work: checks the table against the sources and the
     destination, picks the backend, config and vector width, and uploads the table on
-    the destination device's current stream, recording an event after the copy.
+    the destination device's current stream through the plan's pinned staging buffer,
+    recording an event after the copy. ``update`` copies through the same buffer when
+    that event has completed, through a new one otherwise (it never waits for the
+    device).
     ``run_segments`` only launches: no allocation, no host sync. When it runs on another
     stream than the upload, that stream first waits for the upload's event (once per
     stream) and the table is marked in use there, so the launch never reads it early
@@ -327,6 +359,7 @@ class SegmentPlan:
         self.config = config
         self.capacity = capacity
         self.table = None
+        self.staging = None  # the pinned buffer uploads copy through (off the CPU)
         self.vec = 1
         self.sources = ()
         self.segments = ()
@@ -382,7 +415,15 @@ class SegmentPlan:
                 for other in self.ready_streams:
                     if other != stream:
                         streams.wait(stream, streams.record(other))
-            self.table = upload(words, self.device, into=self.table if reuse else None)
+            if self.device.type != "cpu" and (
+                self.staging is None
+                or self.staging.numel() < len(words)
+                or not streams.done(self.upload_event)
+            ):
+                # The last upload's copy may still read the old buffer: never wait for it,
+                # take a new one (the pinned-memory cache frees the old after that copy).
+                self.staging = pinned_words(len(words))
+            self.table = upload(words, self.device, staging=self.staging, into=self.table if reuse else None)
             self.upload_stream = stream
             self.upload_event = streams.record(stream)
             self.ready_streams = [stream]

@@ -18,9 +18,10 @@ changes the number of segments without touching the (possibly graph-captured) la
 
 Uploads happen on the stream current at the call, inside the destination's device
 guard, from pinned memory with ``non_blocking=True``; the launch that follows on the
-same stream is ordered after the copy. Per-call tables are staged in a ``StagingRing``
-of the device (reused pinned and device buffers, no allocation per call); a plan keeps
-its own pinned staging buffer for ``update``.
+same stream is ordered after the copy. Per-call tables are staged in the device's
+``staging.StagingRing`` (reused pinned and device buffers, no allocation per call); a
+plan keeps its own pinned staging buffer for ``update`` (``upload``), reused once the
+copy that last read it has completed.
 """
 
 from __future__ import annotations
@@ -99,72 +100,42 @@ def build_table(segments: Sequence[Segment], sources: Sequence, device, ring=Non
     if ring is None:
         packed, aligned = pack_table(segments, sources)
         return torch.frombuffer(bytearray(packed), dtype=torch.int64), aligned, None
-    return ring.stage(segments, sources)
+    return stage_table(ring, segments, sources)
 
 
-class StagingRing:
-    """Per-call tables of one device, staged without allocating: ``SLOTS`` pairs of a
-    pinned host buffer and a device table, used in turn.
-
-    A slot's buffers are written again only after the launch that last read them has
-    finished (its event, recorded after that launch): ``SLOTS`` calls later, which on a
-    serving step is long done, so the host never waits in practice; if it is not, the
-    host waits for it rather than overwrite a table in use. A slot grows (to a power of
-    two of words) when a table does not fit; the device table is copied whole, since
-    the kernel reads only as many words as the header says."""
-
-    SLOTS = 8
-
-    def __init__(self, host_empty, device_empty, new_event):
-        self._host_empty, self._device_empty, self._new_event = host_empty, device_empty, new_event
-        self._slots = [_Slot(self) for _ in range(self.SLOTS)]
-        self._next = 0
-
-    def stage(self, segments: Sequence[Segment], sources: Sequence):
-        """``(device table, every source 16-byte aligned, slot)``; the table is copied on
-        the current stream."""
-        slot = self._slots[self._next]
-        self._next = (self._next + 1) % self.SLOTS
-        if slot.event is not None:
-            slot.event.synchronize()  # the launch that read this slot has run
-        n_words = table_size(len(segments), len(sources))
-        if slot.words < n_words:
-            slot.grow(1 << (n_words - 1).bit_length())
+def stage_table(ring, segments: Sequence[Segment], sources: Sequence):
+    """``(device table, every source 16-byte aligned, slot)`` staged in a slot of ``ring``
+    (``staging.StagingRing``); the table is copied on the current stream."""
+    n_words = table_size(len(segments), len(sources))
+    slot = ring.claim(n_words)
+    try:
         if _stream_copy is not None:
             # Packed by the C helper straight into the host buffer.
             aligned = _stream_copy.pack_table(slot.host_address, slot.words, segments, sources)[1]
         else:
             packed, aligned = pack_table(segments, sources)
             ctypes.memmove(slot.host_address, packed, len(packed))
+        # The whole buffer: the kernel reads only as many words as the header says.
         slot.device.copy_(slot.host, non_blocking=True)
-        return slot.device, aligned, slot
+    except BaseException:
+        slot.launched()  # nothing reads it: hand it back
+        raise
+    return slot.device, aligned, slot
 
 
-class _Slot:
-    __slots__ = ("device", "event", "host", "host_address", "ring", "words")
-
-    def __init__(self, ring: StagingRing):
-        self.ring, self.words, self.event = ring, 0, None
-        self.host = self.device = None
-        self.host_address = 0
-
-    def grow(self, words: int) -> None:
-        self.host = self.ring._host_empty(words)
-        self.device = self.ring._device_empty(words)
-        self.host_address, self.words = self.host.data_ptr(), words
-
-    def launched(self) -> None:
-        """Mark the slot in use by the launch just queued on the current stream."""
-        if self.event is None:
-            self.event = self.ring._new_event()
-        self.event.record()
+def pinned_words(n_words: int):
+    """A pinned host buffer of ``n_words`` int64 words (from torch's pinned-memory cache)."""
+    return torch.empty(n_words, dtype=torch.int64, pin_memory=True)
 
 
-def upload(words: array, device, *, into=None):
+def upload(words: array, device, *, staging=None, into=None):
     """A plan's table on ``device``, copied on the current stream.
 
-    ``into`` rewrites an existing table in place (its address stays fixed, which a
-    captured CUDA graph needs); it must be at least as long as ``words``.
+    Off the CPU the words go through ``staging``, a pinned buffer of at least
+    ``len(words)`` words (``pinned_words``) that no queued copy still reads: the plan
+    keeps one for its updates. ``into`` rewrites an existing table in place (its address
+    stays fixed, which a captured CUDA graph needs); it must be at least as long as
+    ``words``.
     """
 
     host = torch.frombuffer(words, dtype=torch.int64)
@@ -173,7 +144,7 @@ def upload(words: array, device, *, into=None):
             return host
         into[: len(words)].copy_(host)
         return into
-    staging = torch.empty(len(words), dtype=torch.int64, pin_memory=True)
+    staging = staging[: len(words)]
     staging.copy_(host)
     if into is None:
         return staging.to(device, non_blocking=True)

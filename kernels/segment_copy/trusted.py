@@ -21,6 +21,7 @@ from operator import add, le, sub
 
 import torch
 
+from ...errors import GraphCaptureError
 from ..backend import refresh_backend, uses_triton
 from .host_copy import can_copy_bytes, copy_row_ranges
 
@@ -30,12 +31,20 @@ def forget_backend_choice() -> None:
     refresh_backend()
 
 
-def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], dst):
+def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], dst, *, static_sources=False):
     """Copy ``sources[s][r : r + n]`` to ``dst[d : d + n]`` for every ``(s, r, n, d)`` and return ``dst``.
 
     Trusted: ``sources`` are 2-D, row-contiguous, with ``dst``'s hidden size and on its
     device; every segment lies inside its source and ``dst``; no two segments write
     the same row. Rows are cast to ``dst``'s dtype. Nothing is checked.
+
+    CUDA-graph capture: a captured copy keeps the sources' addresses and reads them again
+    on every replay, so under capture it raises ``GraphCaptureError`` unless
+    ``static_sources`` promises that the sources stay alive, at their addresses, for as
+    long as the graph can be replayed. Even then the Triton path captures only one
+    segment (a longer table is staged per call) and the torch path no table of
+    ``SCATTER_MIN_SEGMENTS`` or more (its scatter uploads columns from pageable memory);
+    capture ``run_segments`` of a plan for those.
 
     A table may say it is one of the simplest ones: with a true attribute
     ``whole_sources``, segment ``i`` is all of ``sources[i]`` (the torch path slices
@@ -51,9 +60,23 @@ def copy_segments(sources: list, segments: Sequence[tuple[int, int, int, int]], 
     if not segments:
         return dst
     if uses_triton(dst.device):
-        _triton_launcher()(sources, segments, dst)
+        _triton_launcher()(sources, segments, dst, static_sources=static_sources)
         return dst
+    if not dst.is_cpu and not static_sources:
+        _refuse_capture(dst.device, "copy_segments without static_sources=True")
     return _copy_with_torch(sources, segments, dst)
+
+
+def _refuse_capture(device, what: str) -> None:
+    from ..streams import layer
+
+    if layer(device).capturing(device):
+        raise GraphCaptureError(
+            f"{what} was called while a CUDA graph is being captured: the graph would keep this"
+            " call's source addresses (and host buffers) and read them again on every replay; pass"
+            " static_sources=True for sources that stay at fixed addresses for as long as the graph,"
+            " or capture run_segments of a plan"
+        )
 
 
 @functools.cache
@@ -123,7 +146,11 @@ def scatter_rows(views: Sequence, counts: Sequence[int], rows: Sequence[int], ds
     packed into one tensor, which ``index_copy_`` places by a row index built on the
     device from two small columns. The host copies those columns without waiting for the
     device; the packed copy and the index are transient (the packed rows are as large as
-    an unfused step's result). Rows are cast to ``dst``'s dtype."""
+    an unfused step's result). Rows are cast to ``dst``'s dtype.
+
+    Not capturable (``GraphCaptureError``): the columns are copied from pageable host
+    memory, which a replayed graph would read again after it has been freed."""
+    _refuse_capture(dst.device, "scatter_rows")
     packed = torch.cat(list(views))
     if packed.dtype != dst.dtype:
         packed = packed.to(dst.dtype)

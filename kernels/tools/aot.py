@@ -355,8 +355,14 @@ def main(argv: list[str] | None = None) -> int:
         "--config-dir", type=Path, default=None, help="folder of <kernel>/<device>.json tables"
     )
     args = parser.parse_args(argv)
-    results = []
-    for case in all_cases(args.config_dir):
+    json.dump(list(compile_reports(all_cases(args.config_dir), args.targets.split(","))), sys.stdout)
+    return 0
+
+
+def compile_reports(cases: list[dict], targets: list[str]):
+    """``compile_spec``'s report for every spec of every case and target, one at a time
+    (the GPU check writes each as it comes)."""
+    for case in cases:
         specs = aot_specs(
             case["kernel"],
             dtype=case["dtype"],
@@ -366,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             src_dtype=case["src_dtype"],
         )
         for spec in specs:
-            for target in args.targets.split(","):
+            for target in targets:
                 report = compile_spec(spec, target)
                 report.update(
                     kernel=spec.kernel,
@@ -379,9 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                     config=case["config"],
                     origin=case["origin"],
                 )
-                results.append(report)
-    json.dump(results, sys.stdout)
-    return 0
+                yield report
 
 
 if __name__ == "__main__":

@@ -1,31 +1,36 @@
 """The unattended check for a machine with an NVIDIA or AMD GPU, in one Python process.
 
     python -m mm_schedule.kernels.tools.gpu_check --out DIR        # on the GPU machine
-    bash benchmarks/gpu_check.sh --out DIR                          # same, sets the import path up
+    bash benchmarks/gpu_check.sh --out DIR                          # same, from a bare checkout
     TRITON_INTERPRET=1 python -m mm_schedule.kernels.tools.gpu_check --dry-run --out DIR   # CPU
 
 Steps, in order, each inside what is left of ``--budget-s``:
 
 1. environment: Python, torch, Triton, device, architecture;
-2. GPU tests: ``pytest -m gpu`` over ``tests/kernels`` in one subprocess (its own
+2. AOT report: every kernel variant and config compiled for every target (``tools.aot``),
+   one subprocess per target started now, on the CPU, beside the GPU steps; collected last;
+3. GPU tests: ``pytest -m gpu`` over ``tests/kernels`` in one subprocess (its own
    process so that the tests' settings cannot leak into the timings);
-3. tuner: the benchmark's bf16 shapes over the quick search space; the config files are
+4. tuner: the benchmark's bf16 shapes over the quick search space; the config files are
    rewritten after every shape, compiles happen before any timing and are not charged to
    the tuner's share of the budget;
-4. benchmark: ``benchmarks/bench_merge.py`` with the tuned configs: correctness sweep,
+5. bandwidth sweep (``tools.bandwidth``) with the tuned configs;
+6. benchmark: ``benchmarks/bench_merge.py`` with the tuned configs: correctness sweep,
    CUDA-graph replay check, every case against the peers, the targets' verdicts. It
    writes its files after every case and stops between paths when its time is up.
 
-Everything lands in ``--out``: ``gpu_check.log`` (all output), ``gpu_check.json`` (the
-summary, rewritten after every step, so a killed run still says how far it got),
-``tuned/<kernel>/<device>.json`` and ``kernels_<device>.{md,json,png}``. On a GPU, after
-every step, the same files are also copied into ``benchmarks/results/`` (``--results-dir``)
-and the tuned files installed into the package's shipped config folder
-``kernels/configs/<kernel>/<device>.json`` (``--configs-dir``), where the runtime loads
-them with no setting: a run killed half-way keeps what it had measured.
+Everything lands in ONE archive, ``DIR/gpu_check.tar.gz``, rewritten after every step (a
+run killed half-way keeps what it had), holding the folder ``gpu_check/``:
+``summary.json`` (rewritten after every step: how far the run got), ``gpu_check.log``
+(all output), ``tests.log``, ``aot_report.json`` and ``aot_<target>.log``,
+``bandwidth.{json,md}``, ``tuned/<kernel>/<device>.json`` and
+``kernels_<device>.{md,json,png}``. The loose folder is removed once archived
+(``--keep-files`` keeps it). Nothing is written anywhere else: ``--results-dir`` and
+``--configs-dir`` also copy the results and install the tuned configs where asked.
 
-``--dry-run`` runs every step on the CPU under the Triton interpreter at tiny sizes, in
-seconds: what the test-suite does to keep this script working without a GPU.
+``--dry-run`` runs every step on the CPU under the Triton interpreter at tiny sizes (the
+AOT report: two compiles for sm_90), in a minute or two: what the test-suite does to keep
+this script working without a GPU.
 
 Exit status: 0 every step passed; 1 a step failed or timed out; 2 no GPU (and no
 ``--dry-run``), or a bad argument.
@@ -43,20 +48,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..tuned_configs import SHIPPED_CONFIG_DIR
-
 REPO = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO / "benchmarks"
-DEFAULT_RESULTS = BENCHMARKS / "results"
+ARCHIVE = "gpu_check.tar.gz"
+FOLDER = "gpu_check"  # the archive's one top-level folder
+AOT_TARGETS = ("sm90", "sm80", "gfx942", "gfx950", "gfx90a")
 # The benchmark's bf16 hidden sizes and row counts around its cases.
 TUNE_SHAPES = "bfloat16:{h}:1024,bfloat16:{h}:16384"
 TUNE_HIDDEN = (3584, 4096, 8192, 1152, 2048)
 DRY_RUN_CONFIGS = "BLOCK_M=4;BLOCK_H=64;num_warps=1;num_stages=1"
+DRY_RUN_AOT = ("sm90",), 2  # targets, compiles each
 
 
 @dataclass
@@ -79,7 +86,7 @@ class Summary:
     exit_status: int | None = None
 
     def write(self, out: Path) -> None:
-        path = out / "gpu_check.json"
+        path = out / "summary.json"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=1, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, path)
@@ -109,13 +116,17 @@ class Clock:
     """The whole run's deadline; each step gets at most its cap of what is left."""
 
     def __init__(self, budget_s: float, reserve_s: float):
-        self.deadline = time.monotonic() + budget_s - reserve_s
+        self.started = time.monotonic()
+        self.deadline = self.started + budget_s - reserve_s
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
     def cap(self, seconds: float) -> float:
         return max(0.0, min(seconds, self.left()))
+
+
+STEPS = ("aot", "tests", "tune", "bandwidth", "bench")
 
 
 def parse_args(argv=None):
@@ -142,38 +153,47 @@ def parse_args(argv=None):
         help="pytest paths, relative to the repository (default: %(default)s)",
     )
     ap.add_argument(
+        "--aot-s", type=float, default=240.0, help="cap on the AOT report (default: %(default)s)"
+    )
+    ap.add_argument(
+        "--bandwidth-s", type=float, default=45.0, help="cap on the bandwidth sweep (default: %(default)s)"
+    )
+    ap.add_argument(
         "--results-dir",
         type=Path,
         default=None,
-        help="also copy the results here (default: benchmarks/results on a GPU, nothing on"
-        " --dry-run)",
+        help="also copy the results here, e.g. benchmarks/results of a checkout (default: nowhere)",
     )
     ap.add_argument(
         "--configs-dir",
         type=Path,
         default=None,
-        help="install the tuned config files here, where the runtime loads them (default: the"
-        " package's shipped folder kernels/configs on a GPU, nothing on --dry-run)",
+        help="also install the tuned config files here, e.g. kernels/configs, where the runtime"
+        " loads them (default: nowhere)",
     )
-    ap.add_argument("--skip", default="", help="comma-separated steps to skip: tests,tune,bench")
+    ap.add_argument("--keep-files", action="store_true", help="keep the archived folder beside the archive")
+    ap.add_argument("--skip", default="", help=f"comma-separated steps to skip: {','.join(STEPS)}")
     ap.add_argument(
         "--dry-run",
         action="store_true",
         help="CPU under TRITON_INTERPRET=1, tiny sizes: checks the script, measures nothing",
     )
     args = ap.parse_args(argv)
-    unknown = {s for s in args.skip.split(",") if s} - {"tests", "tune", "bench"}
+    unknown = {s for s in args.skip.split(",") if s} - set(STEPS)
     if unknown:
         ap.error(f"--skip: unknown steps {sorted(unknown)}")
-    if min(args.budget_s, args.tests_s, args.tune_s) <= 0:
-        ap.error("--budget-s, --tests-s and --tune-s must be positive")
+    if min(args.budget_s, args.tests_s, args.tune_s, args.aot_s, args.bandwidth_s) <= 0:
+        ap.error("--budget-s and every step's cap must be positive")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    root = args.out.resolve()
+    out = root / FOLDER
+    if out.exists():
+        shutil.rmtree(out)  # a previous run's files would be archived as this run's
+    out.mkdir(parents=True)
     summary = Summary(
         started_utc=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         command=" ".join(["python -m mm_schedule.kernels.tools.gpu_check", *(argv or sys.argv[1:])]),
@@ -192,25 +212,46 @@ def main(argv=None) -> int:
                     running = [s for s in summary.steps if s.status == "not run"]
                     for step in running:
                         step.status, step.detail = "timed out", "stopped from outside (signal)"
+                finally:
+                    for process in _children:  # compiles still running when the run was stopped
+                        if process.poll() is None:
+                            process.kill()
+                            process.wait()
                 summary.exit_status = status
                 summary.write(out)
                 _print_summary(summary)
-    _publish(args, out, summary.environment, final=True)
+                _publish(args, out, summary.environment, final=True)
+                print(f"everything is in {root / ARCHIVE}")
+    write_archive(out)
+    if not args.keep_files:
+        shutil.rmtree(out)
     return status
 
 
+def write_archive(out: Path) -> Path:
+    """``out``'s files as ``<out's parent>/gpu_check.tar.gz`` (written beside, then moved in:
+    a run killed while archiving keeps the previous archive)."""
+    archive = out.parent / ARCHIVE
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for path in sorted(out.rglob("*")):
+            if path.is_file() and not path.name.endswith(".tmp"):
+                tar.add(path, arcname=str(Path(FOLDER) / path.relative_to(out)), recursive=False)
+    os.replace(tmp, archive)
+    return archive
+
+
 def _publish(args, out: Path, env: dict, *, final: bool = False) -> None:
-    """Copy what the run has so far beside the committed results and install the tuned
-    configs; called after every step, so a run killed later keeps what it measured."""
+    """Where asked (``--results-dir``, ``--configs-dir``), copy what the run has so far
+    and install the tuned configs; called after every step, so a run killed later keeps
+    what it measured."""
     # A run that found no GPU measured nothing: there is nothing to put anywhere.
     if not env or not (args.dry_run or env.get("gpu")):
         return
-    results = args.results_dir or (None if args.dry_run else DEFAULT_RESULTS)
-    if results is not None:
-        _copy_results(out, results, env, quiet=not final)
-    configs = args.configs_dir or (None if args.dry_run else SHIPPED_CONFIG_DIR)
-    if configs is not None:
-        _install_configs(out, configs, quiet=not final)
+    if args.results_dir is not None:
+        _copy_results(out, args.results_dir, env, quiet=not final)
+    if args.configs_dir is not None:
+        _install_configs(out, args.configs_dir, quiet=not final)
 
 
 def _interrupt(signum, frame):
@@ -245,17 +286,21 @@ def _run(args, out: Path, summary: Summary) -> int:
               " script on the CPU.")  # fmt: skip
         return 2
     skip = set(filter(None, args.skip.split(",")))
+    # Compiling needs only the CPU: it runs beside the GPU steps and is collected last.
+    aot = None if "aot" in skip else _start_aot(args, out, clock)
     steps = [
         ("tests", lambda step: _gpu_tests(args, out, clock, step)),
         ("tune", lambda step: _tune(args, out, clock, step, env, summary)),
+        ("bandwidth", lambda step: _bandwidth(args, out, clock, step)),
         ("bench", lambda step: _bench(args, out, clock, step, summary)),
+        ("aot", lambda step: _collect_aot(args, aot, out, clock, step)),
     ]
     for name, body in steps:
         step = Step(name)
         summary.steps.append(step)
         if name in skip:
             step.status, step.detail = "skipped", "--skip"
-        elif clock.left() < 5:
+        elif clock.left() < 5 and name != "aot":  # the AOT report has been running all along
             step.status, step.detail = "timed out", f"not started: {clock.left():.0f} s of the budget left"
         else:
             print(f"\n== {name} ({clock.left():.0f} s of the budget left)", flush=True)
@@ -270,6 +315,7 @@ def _run(args, out: Path, summary: Summary) -> int:
         print(f"== {name}: {step.status} ({step.seconds} s) {step.detail}", flush=True)
         summary.write(out)
         _publish(args, out, env)
+        write_archive(out)
     bad = [s for s in summary.steps if s.status in ("failed", "timed out")]
     return 1 if bad else 0
 
@@ -329,9 +375,11 @@ def _gpu_tests(args, out: Path, clock: Clock, step: Step) -> None:
         )
     except subprocess.TimeoutExpired as exc:
         print(_text(exc.output))
+        (out / "tests.log").write_text(_text(exc.output), encoding="utf-8")
         step.status, step.detail = "timed out", f"pytest killed after {cap:.0f} s"
         return
     print(done.stdout)
+    (out / "tests.log").write_text(done.stdout, encoding="utf-8")
     last = done.stdout.strip().splitlines()[-1:] or [""]
     # pytest: 0 passed, 5 nothing collected (no GPU tests selected), anything else failed.
     if done.returncode == 0:
@@ -399,10 +447,101 @@ def _tune(args, out: Path, clock: Clock, step: Step, env: dict, summary: Summary
     if report.files:
         os.environ["MM_SCHEDULE_KERNEL_CONFIG_DIR"] = str(out / "tuned")
         from .. import tuned_configs
-        from ..segment_copy import launch
 
-        tuned_configs.clear_cache()
-        launch.clear_caches()
+        tuned_configs.clear_cache()  # the launchers' resolved launches too
+
+
+def _bandwidth(args, out: Path, clock: Clock, step: Step) -> None:
+    import torch
+
+    from . import bandwidth
+    from .timing import Budget
+
+    device = torch.device("cpu") if args.dry_run else torch.device("cuda", torch.cuda.current_device())
+    budget = Budget(hard_deadline=time.monotonic() + clock.cap(args.bandwidth_s))
+    doc = bandwidth.sweep(out, device=device, dry_run=args.dry_run, budget=budget)
+    bad = bandwidth.failures(doc)
+    step.detail = f"{len(doc['records'])} cases, files bandwidth.json and bandwidth.md"
+    if bad:
+        step.status = "failed"
+        step.detail += f"; WRONG or failed: {', '.join(r['name'] for r in bad)}"
+    elif doc["not_reached"]:
+        step.status = "timed out"
+        step.detail += f"; {len(doc['not_reached'])} cases not reached"
+    else:
+        step.status = "ok"
+
+
+def aot_main(argv: list[str]) -> int:
+    """``OUT TARGET MAX``: compile reports for one target into ``OUT`` (JSON, rewritten after
+    every compile, so a process stopped at its time cap keeps what it compiled); ``MAX``
+    compiles at most (0: all). Run as a subprocess by the check, with the real Triton JIT."""
+    from . import aot
+
+    path, target, limit = Path(argv[0]), argv[1], int(argv[2])
+    reports = []
+    for report in aot.compile_reports(aot.all_cases(), [target]):
+        reports.append(report)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(reports, indent=1, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        if len(reports) == limit:
+            break
+    return 0
+
+
+def _start_aot(args, out: Path, clock: Clock) -> list:
+    """One compiling subprocess per target, started now; ``(target, process, log)`` each."""
+    targets, limit = DRY_RUN_AOT if args.dry_run else (AOT_TARGETS, 0)
+    env = dict(os.environ, TRITON_INTERPRET="0")  # compiled code is what the report is about
+    running = []
+    for target in targets:
+        log = open(out / f"aot_{target}.log", "w", encoding="utf-8")  # closed when collected
+        command = [sys.executable, "-c", "import sys; from mm_schedule.kernels.tools.gpu_check import aot_main;"
+                   " sys.exit(aot_main(sys.argv[1:]))", str(out / f"aot_{target}.json"), target, str(limit)]  # fmt: skip
+        # At a lower priority: the benchmark beside it times host work too.
+        process = subprocess.Popen(command, cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   preexec_fn=(lambda: os.nice(10)) if hasattr(os, "nice") else None)  # fmt: skip
+        running.append((target, process, log))
+        _children.append(process)
+    return running
+
+
+_children: list = []
+
+
+def _collect_aot(args, running, out: Path, clock: Clock, step: Step) -> None:
+    """Wait for the compiles up to the AOT cap (counted from the run's start) or the end of
+    the budget, stop the rest, and merge what each target compiled into ``aot_report.json``."""
+    stop_at = min(clock.started + args.aot_s, clock.deadline)
+    reports, unfinished = [], []
+    for target, process, log in running:
+        try:
+            process.wait(timeout=max(0.0, stop_at - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            unfinished.append(target)
+        log.close()
+        part = out / f"aot_{target}.json"
+        if part.is_file():
+            reports += json.loads(part.read_text(encoding="utf-8"))
+            part.unlink()
+        if process.returncode not in (0, None) and target not in unfinished:
+            unfinished.append(f"{target} (exit {process.returncode}, see aot_{target}.log)")
+    narrow = [r for r in reports if not (r.get("vector_load") and r.get("vector_store")) and r.get("aligned")]
+    spills = [r for r in reports if r.get("spill_bytes")]
+    doc = {"targets": [t for t, _, _ in running], "compiles": len(reports), "unfinished": unfinished,
+           "aligned_without_16_byte_access": len(narrow), "spilling": len(spills), "reports": reports}  # fmt: skip
+    (out / "aot_report.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    step.detail = (f"{len(reports)} compiles for {', '.join(doc['targets'])}; {len(narrow)} aligned variants"
+                   f" without 16-byte loads and stores, {len(spills)} spilling")  # fmt: skip
+    if narrow or spills or any("exit" in u for u in unfinished):
+        step.status = "failed"
+    elif unfinished:
+        step.status, step.detail = "timed out", step.detail + f"; stopped at the cap: {', '.join(unfinished)}"
+    else:
+        step.status = "ok"
 
 
 def _bench(args, out: Path, clock: Clock, step: Step, summary: Summary) -> None:
@@ -455,10 +594,11 @@ def _install_configs(out: Path, configs: Path, *, quiet: bool) -> None:
 
 
 def _copy_results(out: Path, results: Path, env: dict, *, quiet: bool = False) -> None:
-    """The benchmark's files and the tuned configs, beside the committed results."""
+    """The benchmark's and the sweep's files, the log and the tuned configs into ``results``
+    (e.g. a checkout's ``benchmarks/results``)."""
     results.mkdir(parents=True, exist_ok=True)
     copied = []
-    for path in sorted(out.glob("kernels_*")):
+    for path in sorted([*out.glob("kernels_*"), *out.glob("bandwidth.*")]):
         shutil.copy2(path, results / path.name)
         copied.append(path.name)
     label = re.sub(r"[^A-Za-z0-9._-]+", "_", str(env.get("gpu") or "cpu")).strip("_")

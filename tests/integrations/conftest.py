@@ -79,7 +79,7 @@ def standin(request):
 
 @pytest.fixture(params=["torch", "triton"])
 def backend(request, monkeypatch):
-    from mm_schedule.kernels.trusted import forget_backend_choice
+    from mm_schedule.kernels.segment_copy.trusted import forget_backend_choice
 
     if request.param == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("Triton on CPU tensors needs TRITON_INTERPRET=1")

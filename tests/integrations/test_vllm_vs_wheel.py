@@ -139,12 +139,12 @@ def test_the_triton_kernel_path_matches_under_the_interpreter(monkeypatch):
 
     real_launch = kernel_gather.launch_trusted
 
-    def counting(sources, segments, dest):
+    def counting(sources, segments, dest, **kw):
         launches.append(len(segments))
-        return real_launch(sources, segments, dest)
+        return real_launch(sources, segments, dest, **kw)
 
     monkeypatch.setattr(kernel_gather, "launch_trusted", counting)
-    import mm_schedule.kernels.trusted as trusted
+    import mm_schedule.kernels.segment_copy.trusted as trusted
 
     trusted._triton_launcher.cache_clear()
     try:

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import torch
 
 from mm_schedule.kernels import tuned_configs
 from mm_schedule.kernels.launch_config import heuristic_config
-from mm_schedule.kernels.tools import cases, tune
+from mm_schedule.kernels.tools import bandwidth, cases, tune
 from mm_schedule.kernels.tools.space import Shape, parse_config_space
 from mm_schedule.kernels.tools.timing import Budget
 
@@ -25,67 +26,102 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = parse_config_space("BLOCK_M=4;BLOCK_H=64;num_warps=1;num_stages=1")
 
 
+def unpack(out: Path, into: Path) -> Path:
+    """The run's one archive, unpacked; returns its folder."""
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        names = tar.getnames()
+        assert all(n == "gpu_check" or n.startswith("gpu_check/") for n in names), names
+        tar.extractall(into, filter="data")
+    return into / "gpu_check"
+
+
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_check")
+    base = tmp_path_factory.mktemp("gpu_check")
+    out, installed = base / "out", base / "installed"
     env = dict(os.environ, TRITON_INTERPRET="1")
     env.pop("MM_SCHEDULE_KERNEL_BACKEND", None)
     done = subprocess.run(
         [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(out),
-         "--configs-dir", str(out / "installed")],
-        cwd=out, env=env, capture_output=True, text=True, timeout=300,
+         "--configs-dir", str(installed)],
+        cwd=base, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    return out, done
+    return out, installed, done, base
 
 
-def test_dry_run_runs_every_step_and_writes_every_file(dry_run):
-    out, done = dry_run
+def test_dry_run_runs_every_step_and_leaves_one_archive_of_everything(dry_run):
+    out, installed, done, base = dry_run
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    summary = json.loads((out / "gpu_check.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz"]  # one file, nothing loose
+    files = unpack(out, base / "unpacked")
+    found = sorted(str(p.relative_to(files)) for p in files.rglob("*") if p.is_file())
+    assert found == sorted([
+        "summary.json", "gpu_check.log", "tests.log", "aot_report.json", "aot_sm90.log",
+        "bandwidth.json", "bandwidth.md", "tuned/segment_gather/cpu.json",
+        "kernels_cpu-smoke.json", "kernels_cpu-smoke.md",
+    ])  # fmt: skip
+    summary = json.loads((files / "summary.json").read_text())
     assert [(s["name"], s["status"]) for s in summary["steps"]] == [
-        ("tests", "ok"), ("tune", "ok"), ("bench", "ok"),
+        ("tests", "ok"), ("tune", "ok"), ("bandwidth", "ok"), ("bench", "ok"), ("aot", "ok"),
     ]  # fmt: skip
     assert summary["exit_status"] == 0 and summary["environment"]["torch"] == torch.__version__
-    # The tuner's file is in the format the lookup reads.
-    table = tuned_configs.load_table(out / "tuned" / "segment_gather" / "cpu.json")
+    # The tuner's file is in the format the lookup reads ...
+    table = tuned_configs.load_table(files / "tuned" / "segment_gather" / "cpu.json")
     heuristic = heuristic_config("segment_gather", dtype=torch.bfloat16, hidden=64, n_rows=16)
     assert table.configs["bfloat16"][64][16] in (TINY[0], heuristic)
     assert summary["tuner"] and "best" in summary["tuner"][0]["msg"]
-    # ... and installed where --configs-dir says (on a GPU: the shipped folder the runtime reads).
-    installed = out / "installed" / "segment_gather" / "cpu.json"
-    assert installed.read_bytes() == (out / "tuned" / "segment_gather" / "cpu.json").read_bytes()
+    # ... and installed where --configs-dir says, only there.
+    assert (installed / "segment_gather" / "cpu.json").read_bytes() == (
+        files / "tuned" / "segment_gather" / "cpu.json").read_bytes()  # fmt: skip
+    # The AOT report compiled real code (the dry run's two compiles, sm_90) with 16-byte access.
+    aot = json.loads((files / "aot_report.json").read_text())
+    assert aot["targets"] == ["sm90"] and aot["compiles"] == 2 == len(aot["reports"])
+    assert all(r["vector_load"] and r["vector_store"] and r["target"] == "sm90" for r in aot["reports"])
+    # The sweep checked every case bit for bit (interpreted, tiny) and reported its launch.
+    sweep = json.loads((files / "bandwidth.json").read_text())
+    assert [r["name"] for r in sweep["records"]] == [c.name for c in bandwidth.CASES]
+    assert all(r["bit_exact"] and r["programs"] >= r["tiles_with_work"] > 0 for r in sweep["records"])
+    assert "| 4096 segments x 16 rows |" in (files / "bandwidth.md").read_text()
     # The benchmark ran our Triton kernel (interpreted), bit-exact on every path.
-    bench = json.loads((out / "kernels_cpu-smoke.json").read_text())
+    bench = json.loads((files / "kernels_cpu-smoke.json").read_text())
     assert bench["records"] and all(r["bit_exact"] for r in bench["records"])
     assert any("backend=triton" in note for note in bench["notes"]), bench["notes"]
-    log = (out / "gpu_check.log").read_text()
-    for line in ("== tests", "== tune", "== bench", "gpu_check summary", "-m gpu"):
+    log = (files / "gpu_check.log").read_text()
+    for line in ("== tests", "== tune", "== bandwidth", "== bench", "== aot", "gpu_check summary", "-m gpu"):
         assert line in log
+    assert "deselected" in (files / "tests.log").read_text()  # pytest -m gpu chose the GPU tests
 
 
 def test_a_run_out_of_time_says_so_and_fails(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")
     done = subprocess.run(
         [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--dry-run", "--out", str(tmp_path),
-         "--budget-s", "6", "--skip", "tests"],
+         "--budget-s", "6", "--skip", "tests,aot", "--keep-files"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 1, done.stdout[-2000:]
-    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
-    assert steps[0]["status"] == "skipped"
-    assert {s["status"] for s in steps[1:]} == {"timed out"}
+    steps = json.loads((tmp_path / "gpu_check" / "summary.json").read_text())["steps"]
+    assert [s["name"] for s in steps] == ["tests", "tune", "bandwidth", "bench", "aot"]
+    assert steps[0]["status"] == steps[4]["status"] == "skipped"
+    assert {s["status"] for s in steps[1:4]} == {"timed out"}
+    # --keep-files: the folder stays beside its archive, which holds the same summary.
+    assert unpack(tmp_path, tmp_path / "unpacked").joinpath("summary.json").read_text() == (
+        tmp_path / "gpu_check" / "summary.json").read_text()  # fmt: skip
 
 
 def test_no_gpu_without_dry_run_exits_2(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run(
-        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--out", str(tmp_path),
+        [sys.executable, "-m", "mm_schedule.kernels.tools.gpu_check", "--out", str(tmp_path / "out"),
          "--results-dir", str(tmp_path / "results")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and "no GPU" in done.stdout
-    # Nothing was measured, so nothing is copied beside the results.
+    # Nothing was measured, so nothing is copied beside the results; the archive says why.
     assert not (tmp_path / "results").exists()
+    files = unpack(tmp_path / "out", tmp_path / "unpacked")
+    assert json.loads((files / "summary.json").read_text())["exit_status"] == 2
+    assert "no GPU" in (files / "gpu_check.log").read_text()
 
 
 class _CapAfter(Budget):
@@ -157,13 +193,14 @@ def test_wrapper_runs_from_anywhere_with_a_relative_out(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHON=sys.executable)
     done = subprocess.run(
         ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", "--out", "rel",
-         "--skip", "tests,bench"],
+         "--skip", "tests,bench,bandwidth,aot"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    summary = json.loads((tmp_path / "rel" / "gpu_check.json").read_text())
+    files = unpack(tmp_path / "rel", tmp_path / "unpacked")
+    summary = json.loads((files / "summary.json").read_text())
     assert summary["environment"]["repository"] == str(REPO)
-    assert (tmp_path / "rel" / "tuned" / "segment_gather" / "cpu.json").is_file()
+    assert (files / "tuned" / "segment_gather" / "cpu.json").is_file()
 
 
 def test_every_module_needing_an_optional_package_is_left_out_without_it():
@@ -181,19 +218,57 @@ def test_every_module_needing_an_optional_package_is_left_out_without_it():
         assert importing == sorted(listed), name
 
 
-def test_a_gpu_run_installs_tuned_configs_where_the_runtime_loads_them(tmp_path, monkeypatch):
+def test_a_gpu_run_writes_outside_out_only_where_asked(tmp_path, monkeypatch):
     from mm_schedule.kernels.tools import gpu_check
 
-    assert gpu_check.SHIPPED_CONFIG_DIR == tuned_configs.SHIPPED_CONFIG_DIR
-    shipped, results = tmp_path / "shipped", tmp_path / "results"
-    monkeypatch.setattr(gpu_check, "SHIPPED_CONFIG_DIR", shipped)
-    out = tmp_path / "out"
+    configs, results = tmp_path / "configs", tmp_path / "results"
+    out = tmp_path / "out" / "gpu_check"
     (out / "tuned" / "segment_gather").mkdir(parents=True)
     (out / "tuned" / "segment_gather" / "NVIDIA_H200.json").write_text("{}")
     (out / "gpu_check.log").write_text("log")
-    args = gpu_check.parse_args(["--out", str(out), "--results-dir", str(results)])
+    (out / "bandwidth.md").write_text("sweep")
+    def committed():
+        folders = (REPO / "benchmarks" / "results", REPO / "kernels" / "configs")
+        return sorted((p, p.stat().st_mtime_ns) for folder in folders for p in folder.rglob("*"))
+
+    before = committed()
+    gpu_check._publish(gpu_check.parse_args(["--out", str(tmp_path / "out")]), out, {"gpu": "NVIDIA H200"})
+    assert committed() == before  # by default nothing is written beside the checkout's files
+    args = gpu_check.parse_args(["--out", str(tmp_path / "out"), "--results-dir", str(results),
+                                 "--configs-dir", str(configs)])  # fmt: skip
     gpu_check._publish(args, out, {"gpu": None})  # no GPU: nothing measured, nothing copied
-    assert not shipped.exists()
+    assert not configs.exists() and not results.exists()
     gpu_check._publish(args, out, {"gpu": "NVIDIA H200"})
-    assert (shipped / "segment_gather" / "NVIDIA_H200.json").read_text() == "{}"
+    assert (configs / "segment_gather" / "NVIDIA_H200.json").read_text() == "{}"
     assert (results / "tuned" / "segment_gather" / "NVIDIA_H200.json").is_file()
+    assert (results / "bandwidth.md").read_text() == "sweep"
+    assert gpu_check.write_archive(out) == tmp_path / "out" / "gpu_check.tar.gz"
+    assert sorted(p.relative_to(tmp_path / "unpacked").as_posix() for p in unpack(
+        tmp_path / "out", tmp_path / "unpacked").rglob("*") if p.is_file()) == [
+        "gpu_check/bandwidth.md", "gpu_check/gpu_check.log", "gpu_check/tuned/segment_gather/NVIDIA_H200.json",
+    ]  # fmt: skip
+
+
+def test_what_only_a_gpu_run_uses_is_valid_and_fits_eight_minutes():
+    """The GPU run's own settings, which the dry run replaces by tiny ones: the tuner's
+    shapes parse, the AOT targets exist, every sweep case's segments fit its destination
+    without overlapping, and the default caps leave the budget inside the documented
+    `timeout 480` with half a minute for start-up."""
+    from mm_schedule.kernels.tools import aot, gpu_check
+    from mm_schedule.kernels.tools.space import parse_shapes
+
+    shapes = parse_shapes(",".join(gpu_check.TUNE_SHAPES.format(h=h) for h in gpu_check.TUNE_HIDDEN))
+    assert len(shapes) == 2 * len(gpu_check.TUNE_HIDDEN)
+    assert set(gpu_check.AOT_TARGETS) == set(aot.TARGETS)
+    for case in bandwidth.CASES:
+        assert case.dtype in ("bfloat16", "float16", "float32") and case.hidden % 8 == 0
+        gap = (case.dest_rows - sum(case.segment_rows)) // len(case.segment_rows)
+        assert gap >= 0, case.name
+        last = sum(case.segment_rows) + gap * (len(case.segment_rows) - 1)
+        assert last <= case.dest_rows, case.name
+        small = bandwidth.tiny(case)
+        assert sum(small.segment_rows) <= small.dest_rows and small.hidden == 64
+    args = gpu_check.parse_args(["--out", "x"])
+    assert args.budget_s + 30 <= 480
+    assert args.tests_s + 2 * args.tune_s + args.bandwidth_s < args.budget_s  # the benchmark gets the rest
+    assert args.aot_s < args.budget_s  # compiled beside the other steps, from the start

@@ -161,3 +161,46 @@ def test_an_empty_step_with_a_fixed_grid_copies_nothing_and_the_context_survives
     gather_segments_ref(sources, segments, expected)
     torch.cuda.synchronize()
     assert _same(out, expected)
+
+
+def test_staged_calls_past_the_ring_never_wait_for_the_device(gpu):
+    """Three rings' worth of per-call tables queued behind a long kernel: the host must
+    queue them all while the device is still busy (no wait on a slot's event), and every
+    table must still be intact when its launch finally runs."""
+    from mm_schedule.kernels.segment_copy.staging import StagingRing
+
+    sources, segments, rows = _problem(gpu, 12)
+    tables = [segments[i:] + segments[:i] for i in range(len(segments))]  # other tables, same rows
+    want = _expected(sources, segments, rows, torch.bfloat16, gpu)
+    outs = [torch.full_like(want, float("nan")) for _ in range(3 * StagingRing.SLOTS)]
+    gather_segments(sources, segments, out=outs[0])  # compiles outside the timed part
+    torch.cuda.synchronize()
+    outs[0].fill_(float("nan"))
+    torch.cuda._sleep(1_000_000_000)  # about half a second of device time
+    for i, out in enumerate(outs):
+        gather_segments(sources, tables[i % len(tables)], out=out)
+    still_busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert still_busy, "the host waited for the device while staging"
+    assert all(_same(out, want) for out in outs)
+
+
+def test_one_trusted_segment_is_captured_only_for_static_sources(gpu):
+    sources, segments, rows = _problem(gpu, 13)
+    one = segments[:1]
+    out = torch.full((rows, sources[0].shape[1]), float("nan"), dtype=torch.bfloat16, device=gpu)
+    capture = torch.cuda.Stream()
+    capture.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(capture):
+        copy_segments(sources, one, out)  # warm-up: compiles outside the capture
+    torch.cuda.synchronize()
+    with pytest.raises(GraphCaptureError, match="static_sources"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=capture):
+            copy_segments(sources, one, out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        copy_segments(sources, one, out, static_sources=True)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _same(out, _expected(sources, one, rows, torch.bfloat16, gpu))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from mm_schedule.errors import SegmentError
+from mm_schedule.kernels import tuned_configs
 from mm_schedule.kernels.launch_config import TARGET_PROGRAMS, heuristic_config, row_bucket
 from mm_schedule.kernels.segment_copy import launch as gather_mod
 from mm_schedule.kernels.segment_copy.contract import INT32_MAX, check_segments
@@ -54,7 +55,7 @@ def test_row_buckets_are_nearest_powers_of_two_on_a_log_scale():
 
 
 def test_a_never_seen_image_size_reuses_its_buckets_launch(triton_backend, helpers):
-    gather_mod.clear_caches()
+    tuned_configs.clear_cache()
     dest = helpers.poisoned((64, 64), torch.float16)
     for rows in (33, 34, 40, 44):  # one bucket: 32
         source = helpers.random_rows(rows, 64, torch.float16)

@@ -364,3 +364,29 @@ def test_importing_lookup_and_tuner_loads_neither_torch_nor_triton():
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_clear_cache_makes_the_next_launch_use_a_rewritten_file(isolated, triton_backend, monkeypatch, helpers):
+    """A launcher resolves a config once per shape; after new files and ``clear_cache`` the
+    next launch must run the new file's tiles, not the ones it resolved before."""
+    from mm_schedule.kernels.segment_copy import launch as gather_mod
+
+    used = []
+    real_launch = gather_mod._launch
+
+    def spy(launch, *rest):
+        used.append(launch.spec.constexprs["BLOCK_H"])
+        return real_launch(launch, *rest)
+
+    monkeypatch.setattr(gather_mod, "_launch", spy)
+    sources = [helpers.random_rows(8, 128, torch.float16) for _ in range(2)]
+    segments = [(1, 0, 8, 0), (0, 2, 6, 8)]
+    for block_h in (32, 128, 64):
+        config = {"BLOCK_M": 4, "BLOCK_H": block_h, "num_warps": 1, "num_stages": 1}
+        write_table(isolated, "segment_gather", "cpu", {"float16": {"128": {"16": config}}})
+        tuned_configs.clear_cache()
+        out = helpers.poisoned((14, 128), torch.float16)
+        gather_mod.gather_segments(sources, segments, out=out)
+        expected = torch.cat([sources[1], sources[0][2:8]])
+        helpers.assert_bitwise_equal(out, expected)
+        assert used[-1] == block_h

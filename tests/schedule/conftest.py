@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from mm_schedule.kernels.trusted import forget_backend_choice
+from mm_schedule.kernels.segment_copy.trusted import forget_backend_choice
 
 BACKENDS = ["torch", "triton"]
 

@@ -26,7 +26,7 @@ from mm_schedule import (
     spare,
 )
 from mm_schedule.errors import EmbeddingLengthMismatch, EncoderOutputError
-from mm_schedule.kernels import host_copy
+from mm_schedule.kernels.segment_copy import host_copy
 
 from .conftest import BACKENDS
 from .helpers import HIDDEN, item_rows, naive_reference, truth

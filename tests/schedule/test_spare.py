@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mm_schedule import EmbeddingCache, RequestChunk, embed_chunk, spare
-from mm_schedule.kernels import host_copy
+from mm_schedule.kernels.segment_copy import host_copy
 from tests.schedule.conftest import BACKENDS
 from tests.schedule.helpers import CountingEncoder, image, naive_reference
 

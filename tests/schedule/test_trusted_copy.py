@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from mm_schedule.kernels.trusted import copy_segments
+from mm_schedule.kernels.segment_copy.trusted import copy_segments
 
 from .conftest import BACKENDS
 

@@ -8,7 +8,7 @@ a negated or strided view into rows that may be copied as bytes.
 
 from ...assemble import SegmentTable, one_dtype
 from ...errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError, MMScheduleError
-from ...kernels.trusted import copy_segments
+from ...kernels.segment_copy.trusted import copy_segments
 from ...validate import plain_rows
 
 __all__ = [

@@ -1,8 +1,0 @@
-"""Former path of ``segment_copy.host_copy``, kept for existing imports: importing it gives
-that module itself (attributes set on it are seen by its code)."""
-
-import sys
-
-from .segment_copy import host_copy as _module
-
-sys.modules[__name__] = _module
