@@ -490,7 +490,7 @@ def copy_backend(request, monkeypatch):
         pytest.importorskip("triton")
     monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
     refresh_backend()
-    import mm_schedule.kernels.trusted as trusted
+    import mm_schedule.kernels.segment_copy.trusted as trusted
 
     trusted._triton_launcher.cache_clear()
     yield request.param
