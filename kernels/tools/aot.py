@@ -117,7 +117,6 @@ def aot_specs(
 def segment_gather_specs(v: Variant) -> list[AotSpec]:
     """Both launch forms: through the segment table, and one segment passed as arguments."""
     from .._triton import tl_dtype
-    from ..segment_copy.kernel import SEG_BLOCK
 
     specs = []
     for one_segment in (False, True):
@@ -134,7 +133,6 @@ def segment_gather_specs(v: Variant) -> list[AotSpec]:
             **v.blocks,
             "EVEN_H": v.hidden % v.config["BLOCK_H"] == 0,
             "ONE_SEGMENT": one_segment,
-            "SEG_BLOCK": SEG_BLOCK,
         }
         divisible = ["dst_ptr"] if v.aligned else []
         if one_segment:

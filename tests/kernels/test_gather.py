@@ -16,7 +16,7 @@ from mm_schedule.kernels.segment_copy.launch import (
     plan_segments,
     run_segments,
 )
-from mm_schedule.kernels.segment_copy.table import count_tiles, grid_bound, table_words
+from mm_schedule.kernels.segment_copy.table import count_tiles, table_words
 
 FIXTURE_OK = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -128,15 +128,13 @@ def test_more_segments_than_one_scan_block(triton_backend, helpers):
     run_both(helpers, sources, segments, row + 1, torch.bfloat16, {**SMALL, "BLOCK_M": 4})
 
 
-def test_table_holds_the_segments_as_given_and_the_addresses():
+def test_table_holds_cumulative_tiles_the_segments_as_given_and_the_addresses():
     segments = [Segment(1, 3, 10, 50), Segment(0, 0, 4, 0), Segment(1, 0, 1, 7)]
     bases = [1 << 20, 1 << 30]
-    words = table_words(segments, bases)
-    assert list(words) == [3, 1, 3, 10, 50, 0, 0, 4, 0, 1, 0, 1, 7, 1 << 20, 1 << 30]
+    words = table_words(segments, bases, 4)
+    assert list(words) == [3, 3, 4, 5, 1, 3, 10, 50, 0, 0, 4, 0, 1, 0, 1, 7, 1 << 20, 1 << 30]
     assert count_tiles(segments, 4) == 3 + 1 + 1
-    for block_m in (1, 2, 4, 8, 16):
-        bound = grid_bound(15, 3, block_m)
-        assert count_tiles(segments, block_m) <= bound < count_tiles(segments, block_m) + 3
+    assert list(table_words(segments, bases, 1))[1:4] == [10, 14, 15]
 
 
 def test_unaligned_sources_take_the_unaligned_variant(triton_backend, helpers):

@@ -101,9 +101,9 @@ def fake(monkeypatch, triton_backend):
         layer.log.append(("launch", layer.device, stream.name if stream else None))
         return real_launch(self, grid, args, variant, None)
 
-    def build(segments, sources, device, ring=None):
+    def build(segments, sources, device, *rest):
         layer.log.append(("table", layer.device, layer.current(device).name))
-        return real_build(segments, sources, device, ring)
+        return real_build(segments, sources, device, *rest)
 
     def upload(words, device, **kw):
         layer.log.append(("upload", layer.device, layer.current(device).name))
@@ -262,10 +262,11 @@ def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
     aligned = [base[: 64 * 10].view(10, 64), base[64 * 10 : 64 * 20].view(10, 64)]
     shifted = base[1 : 1 + 64 * 10].view(10, 64)  # 2 bytes past an aligned address
     segments = [(0, 0, 2, 0), (1, 3, 2, 2)]
-    words, ok, slot = table.build_table(segments, aligned, torch.device("cpu"))
-    assert slot is None and ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
+    words, ok, slot, rows, tiles = table.build_table(segments, aligned, torch.device("cpu"), None, lambda rows: 1)
+    assert slot is None and ok and (rows, tiles) == (4, 4)
+    assert words.tolist() == [2, 2, 4, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
     for sources in ([aligned[0], shifted], [shifted, aligned[0]], [shifted]):
-        assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"))[1]
+        assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"), None, lambda rows: 1)[1]
 
 
 # --- empty steps, capture of plans, updates across streams -----------------------------
@@ -381,8 +382,10 @@ def test_staging_ring_reuses_its_buffers_and_waits_for_the_launch_that_read_a_sl
     staged = []
     for call in range(2 * ring.SLOTS + 1):
         segments = [(i % 3, 0, 1 + (call + i) % 4, 4 * i) for i in range(2 + call % 3)]
-        device_table, aligned, slot = table.build_table(segments, sources, torch.device("cpu"), ring)
-        words = table.table_words(segments, [s.data_ptr() for s in sources])
+        device_table, aligned, slot, _, _ = table.build_table(
+            segments, sources, torch.device("cpu"), ring, lambda rows: 2
+        )
+        words = table.table_words(segments, [s.data_ptr() for s in sources], 2)
         # The device table holds the words (then stale words the header keeps unread).
         assert device_table[: len(words)].tolist() == list(words)
         assert aligned == all(s.data_ptr() % 16 == 0 for s in sources)
