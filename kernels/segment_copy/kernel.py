@@ -104,6 +104,7 @@ if HAS_TRITON:
             dst_row = seg_dst_row + first
             n_rows = tl.minimum(seg_rows - first, BLOCK_M)
         else:
+            # [n_segs, tile ends (n_segs), records (4 words each), addresses]: table.py
             n_segs = tl.load(table_ptr)
             seg, rank = _find_segment(table_ptr + 1, tile, n_segs)
             first = rank * BLOCK_M
