@@ -146,17 +146,21 @@ def launch_segments(
             raise GraphCaptureError(_CAPTURE_HINT)
         # Tiles and grid follow the rows the table copies, which the packer counts: two
         # images merged into a long prompt get the tiles of two images, not of the prompt.
+        chosen = []
+
         def block_m_for(rows):
-            return _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), vec, False,
-                               config_items).block_m
+            chosen.append(_launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), vec,
+                                      False, config_items))
+            return chosen[0].block_m
 
         table, sources_aligned, slot, rows, tiles = build_table(
             segments, sources, device, streams.staging_ring(device), block_m_for
         )
-        if not (even_rows and sources_aligned):
-            vec = 1
-        launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), vec, False,
-                             config_items)
+        launch = chosen[0]
+        if not (even_rows and sources_aligned) and vec > 1:
+            # The unaligned variant: the same tile height (so the same table), narrower steps.
+            launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), 1, False,
+                                 config_items)
         if tiles:
             _launch(launch, dest, tiles, table, None, stream)
         if slot is not None:
