@@ -78,7 +78,9 @@ if HAS_TRITON:
                     MASK_STORE: tl.constexpr, BLOCK_H: tl.constexpr):
         """Every ``BLOCK_H`` step of the tile's rows; unmasked steps but for the last of an
         odd row length, which runs once, outside the loop."""
-        full = hidden - hidden % BLOCK_H
+        # Stated, not derived: Triton 3.6 loses the divisibility of `x - x % BLOCK`, and
+        # the tail step's accesses would shrink to one element each.
+        full = tl.multiple_of(hidden - hidden % BLOCK_H, BLOCK_H)
         for h in range(0, full, BLOCK_H):
             _merge_step(mm_rows, text_rows, out_rows, h, hidden, mm_ok, text_ok, write_ok, is_mm,
                         LOOKUP_TEXT, MASK_LOADS, MASK_STORE, False, BLOCK_H)

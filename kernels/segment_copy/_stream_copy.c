@@ -210,17 +210,22 @@ done:
     return result;
 }
 
-/* pack_table(address, capacity_words, segments, sources) -> (words, aligned)
+/* pack_table(address, capacity_words, segments, sources, block_m_for) -> (words, aligned, rows, tiles)
  *
  * The segment table of table.py written straight into a host buffer of capacity_words
- * int64 words at address: [n_segments, the segments' four fields each, every source's
- * data_ptr()]. A step of many images calls data_ptr() on each source, which costs
- * less from C than through Python's call machinery. Nothing is written unless it fits. */
+ * int64 words at address: [n_segments, the cumulative tile count of each segment, the
+ * segments' four fields each, every source's data_ptr()]. One pass over the segments
+ * reads their fields and counts the rows they copy; block_m_for(rows) then names the
+ * tile height the launch uses for that many rows, and the tile counts are summed from
+ * the row counts just written (C memory, no Python object touched again). A step of
+ * many images calls data_ptr() on each source, which costs less from C than through
+ * Python's call machinery. Nothing is written unless it fits. */
 static PyObject *pack_table(PyObject *self, PyObject *args) {
+    (void)self;
     unsigned long long address;
     Py_ssize_t capacity;
-    PyObject *segments, *sources;
-    if (!PyArg_ParseTuple(args, "KnOO", &address, &capacity, &segments, &sources)) {
+    PyObject *segments, *sources, *block_m_for;
+    if (!PyArg_ParseTuple(args, "KnOOO", &address, &capacity, &segments, &sources, &block_m_for)) {
         return NULL;
     }
     PyObject *segs = PySequence_Fast(segments, "segments must be a sequence");
@@ -233,8 +238,10 @@ static PyObject *pack_table(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n_segs = PySequence_Fast_GET_SIZE(segs), n_srcs = PySequence_Fast_GET_SIZE(srcs);
-    Py_ssize_t words = 1 + 4 * n_segs + n_srcs;
+    Py_ssize_t words = 1 + 5 * n_segs + n_srcs;
     int64_t *out = (int64_t *)(uintptr_t)address;
+    int64_t *ends = out + 1, *records = out + 1 + n_segs, *addresses = out + 1 + 5 * n_segs;
+    long long rows = 0, tiles = 0, block_m;
     int aligned = 1;
     if (words > capacity) {
         PyErr_Format(PyExc_ValueError, "the table needs %zd words, the buffer holds %zd", words, capacity);
@@ -257,9 +264,31 @@ static PyObject *pack_table(PyObject *self, PyObject *args) {
                 Py_DECREF(seg);
                 goto fail;
             }
-            out[1 + 4 * i + k] = v;
+            records[4 * i + k] = v;
         }
         Py_DECREF(seg);
+        if (records[4 * i + 2] > 0) { /* a segment of no rows has no tiles, and copies nothing */
+            rows += records[4 * i + 2];
+        }
+    }
+    PyObject *chosen = PyObject_CallFunction(block_m_for, "L", rows);
+    if (chosen == NULL) {
+        goto fail;
+    }
+    block_m = PyLong_AsLongLong(chosen);
+    Py_DECREF(chosen);
+    if (block_m == -1 && PyErr_Occurred()) {
+        goto fail;
+    }
+    if (block_m <= 0) {
+        PyErr_Format(PyExc_ValueError, "block_m_for(%lld) returned %lld; a tile holds at least one row", rows, block_m);
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n_segs; i++) {
+        if (records[4 * i + 2] > 0) {
+            tiles += (records[4 * i + 2] + block_m - 1) / block_m;
+        }
+        ends[i] = tiles;
     }
     for (Py_ssize_t j = 0; j < n_srcs; j++) {
         PyObject *value = PyObject_CallMethodNoArgs(PySequence_Fast_GET_ITEM(srcs, j), data_ptr_name);
@@ -272,11 +301,11 @@ static PyObject *pack_table(PyObject *self, PyObject *args) {
             goto fail;
         }
         aligned &= (a & 15) == 0;
-        out[1 + 4 * n_segs + j] = (int64_t)a;
+        addresses[j] = (int64_t)a;
     }
     Py_DECREF(segs);
     Py_DECREF(srcs);
-    return Py_BuildValue("nO", words, aligned ? Py_True : Py_False);
+    return Py_BuildValue("nOLL", words, aligned ? Py_True : Py_False, rows, tiles);
 fail:
     Py_DECREF(segs);
     Py_DECREF(srcs);
@@ -289,8 +318,9 @@ static PyMethodDef methods[] = {
      "Copy every tensor's rows[i] * row_bytes bytes, one after another, to dst_address with\n"
      "streaming stores; the total must be dst_bytes. Returns the bytes written."},
     {"pack_table", pack_table, METH_VARARGS,
-     "pack_table(address, capacity_words, segments, sources) -> (words, aligned)\n\n"
-     "Write the segment table (header, segments, source addresses) as int64 words at address."},
+     "pack_table(address, capacity_words, segments, sources, block_m_for) -> (words, aligned, rows, tiles)\n\n"
+     "Write the segment table (header, cumulative tile counts for tiles of block_m_for(rows) rows,\n"
+     "segments, source addresses) as int64 words at address."},
     {"copy_ranges", copy_ranges, METH_VARARGS,
      "copy_ranges(dst_address, dst_bytes, src_address, src_bytes, write_from, read_from, lengths, streaming)\n\n"
      "Copy lengths[i] bytes from src_address + read_from[i] to dst_address + write_from[i] for\n"

@@ -1,6 +1,7 @@
 """The Triton kernel of the segment copy: program ``t`` finds the segment holding its
-tile of at most ``BLOCK_M`` rows in the table (``table.py``), or takes the one segment
-passed as launch arguments (``ONE_SEGMENT``), and copies it ``BLOCK_H`` columns per step.
+tile of at most ``BLOCK_M`` rows by a binary search of the table's cumulative tile counts
+(``table.py``), or takes the one segment passed as launch arguments (``ONE_SEGMENT``),
+and copies it ``BLOCK_H`` columns per step.
 
 Loads through an address read from memory are scalar unless the cast pointer carries
 ``tl.multiple_of``; the host proves 16-byte alignment (every source, the destination,
@@ -14,8 +15,6 @@ no segment record, which makes an empty table with a fixed grid safe.
 from __future__ import annotations
 
 from .._triton import HAS_TRITON, cast_to, tl, triton
-
-SEG_BLOCK = 64  # table entries each program scans per step while finding its segment
 
 if HAS_TRITON:
 
@@ -54,7 +53,9 @@ if HAS_TRITON:
             if EVEN_H:
                 _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, False, False, BLOCK_H)
             else:
-                full = hidden - hidden % BLOCK_H
+                # Stated, not derived: Triton 3.6 loses the divisibility of `x - x % BLOCK`,
+                # and the tail step's accesses would shrink to one element each.
+                full = tl.multiple_of(hidden - hidden % BLOCK_H, BLOCK_H)
                 _copy_cols(src_rows, dst_rows, full, rows_ok, hidden, False, False, BLOCK_H)
                 if full < hidden:
                     _copy_step(src_rows, dst_rows, full, rows_ok, hidden, False, True, BLOCK_H)
@@ -64,21 +65,19 @@ if HAS_TRITON:
             _copy_cols(src_rows, dst_rows, hidden, rows_ok, hidden, True, True, BLOCK_H)
 
     @triton.jit
-    def _find_segment(table_ptr, tile, n_segs, BLOCK_M: tl.constexpr, SEG_BLOCK: tl.constexpr):
-        """The segment holding ``tile`` (``n_segs`` past the last tile) and the tile's first row in it."""
-        count = tile * 0
-        before = tile * 0
-        end = tile * 0
-        for start in range(0, n_segs, SEG_BLOCK):
-            idx = start + tl.arange(0, SEG_BLOCK)
-            ok = idx < n_segs
-            seg_rows = tl.load(table_ptr + 3 + idx * 4, mask=ok, other=0)
-            ends = end + tl.cumsum((seg_rows + BLOCK_M - 1) // BLOCK_M, 0)
-            done = ok & (ends <= tile)
-            count += tl.sum(done.to(tl.int64), 0)
-            before = tl.maximum(before, tl.max(tl.where(done, ends, 0), 0))
-            end = tl.max(tl.where(ok, ends, end), 0)
-        return count, (tile - before) * BLOCK_M
+    def _find_segment(tile_ends, tile, n_segs):
+        """The segment holding ``tile`` (``n_segs`` past the last tile) and the tile's rank in
+        it: a binary search of the cumulative tile counts the packer wrote. Scalar loads and
+        selects only, about ``log2(n_segs)`` of each, and no barrier."""
+        lo = tile * 0
+        hi = n_segs + lo
+        while lo < hi:
+            mid = (lo + hi) // 2
+            past = tl.load(tile_ends + mid) <= tile
+            lo = tl.where(past, mid + 1, lo)
+            hi = tl.where(past, hi, mid)
+        before = tl.load(tile_ends + lo - 1, mask=lo > 0, other=0)
+        return lo, tile - before
 
     @triton.jit(do_not_specialize=["hidden_vecs", "seg_src", "seg_dst_row", "seg_rows"])
     def segment_copy_kernel(
@@ -94,7 +93,6 @@ if HAS_TRITON:
         VEC: tl.constexpr,
         EVEN_H: tl.constexpr,
         ONE_SEGMENT: tl.constexpr,
-        SEG_BLOCK: tl.constexpr,
     ):
         tile = tl.program_id(0).to(tl.int64)
         # A product with a constexpr: the compiler knows `hidden` is a multiple of VEC for
@@ -106,14 +104,16 @@ if HAS_TRITON:
             dst_row = seg_dst_row + first
             n_rows = tl.minimum(seg_rows - first, BLOCK_M)
         else:
+            # [n_segs, tile ends (n_segs), records (4 words each), addresses]: table.py
             n_segs = tl.load(table_ptr)
-            seg, first = _find_segment(table_ptr, tile, n_segs, BLOCK_M, SEG_BLOCK)
+            seg, rank = _find_segment(table_ptr + 1, tile, n_segs)
+            first = rank * BLOCK_M
             # Programs past the last tile (every program of an empty table, which a plan
             # with a fixed grid launches) read no record: each load below is masked.
             live = seg < n_segs
-            record = table_ptr + 1 + seg * 4
+            record = table_ptr + 1 + n_segs + seg * 4
             source = tl.load(record, mask=live, other=0)
-            base = tl.load(table_ptr + 1 + n_segs * 4 + source, mask=live, other=0)
+            base = tl.load(table_ptr + 1 + n_segs * 5 + source, mask=live, other=0)
             src_row = tl.load(record + 1, mask=live, other=0)
             seg_n_rows = tl.load(record + 2, mask=live, other=0)
             src = base.to(tl.pointer_type(SRC_DTYPE)) + (src_row + first) * hidden

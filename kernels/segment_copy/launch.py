@@ -40,16 +40,8 @@ from ..streams import layer
 from ..tuned_configs import on_clear, resolve_config
 from .contract import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .fast_launch import LaunchSpec
-from .kernel import SEG_BLOCK, segment_copy_kernel
-from .table import (
-    build_table,
-    count_tiles,
-    grid_bound,
-    pinned_words,
-    table_size,
-    table_words,
-    upload,
-)
+from .kernel import segment_copy_kernel
+from .table import build_table, count_tiles, pinned_words, table_size, table_words, upload
 
 KERNEL_NAME = "segment_gather"
 
@@ -91,7 +83,6 @@ def _make_launch(src_dtype, hidden, vec, one, cfg) -> _Launch:
         "VEC": vec,
         "EVEN_H": hidden % cfg["BLOCK_H"] == 0,
         "ONE_SEGMENT": one,
-        "SEG_BLOCK": SEG_BLOCK,
     }
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     return _Launch(LaunchSpec(segment_copy_kernel, constexprs, options), cfg["BLOCK_M"], vec)
@@ -132,7 +123,7 @@ def launch_segments(
     """
     if not segments:
         return
-    n_dest, hidden = dest.shape
+    hidden = dest.shape[1]
     first = sources[0]
     itemsize = first.element_size()
     vec = vector_width(dest.element_size(), itemsize)
@@ -162,14 +153,26 @@ def launch_segments(
             return
         if refuse_capture and streams.capturing(device):
             raise GraphCaptureError(_CAPTURE_HINT)
-        table, sources_aligned, slot = build_table(segments, sources, device, streams.staging_ring(device))
+        # Tiles and grid follow the rows the table copies, which the packer counts: two
+        # images merged into a long prompt get the tiles of two images, not of the prompt.
+        chosen = []
+
+        def block_m_for(rows):
+            chosen.append(_launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), vec,
+                                      False, config_items))
+            return chosen[0].block_m
+
+        table, sources_aligned, slot, rows, tiles = build_table(
+            segments, sources, device, streams.staging_ring(device), block_m_for
+        )
         try:
-            if not (even_rows and sources_aligned):
-                vec = 1
-            # The destination's rows bound the table's (segments never overlap there).
-            launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(n_dest), vec, False,
-                                 config_items)
-            _launch(launch, dest, grid_bound(n_dest, len(segments), launch.block_m), table, None, stream)
+            launch = chosen[0]
+            if not (even_rows and sources_aligned) and vec > 1:
+                # The unaligned variant: the same tile height (so the same table), narrower steps.
+                launch = _launch_for(device, dest.dtype, first.dtype, hidden, row_bucket(rows), 1, False,
+                                     config_items)
+            if tiles:
+                _launch(launch, dest, tiles, table, None, stream)
         finally:
             if slot is not None:
                 # After the launch: the slot's event must follow the kernel that reads it.
@@ -394,7 +397,7 @@ class SegmentPlan:
                 f"the table needs {n_tiles} tiles of {self.config['BLOCK_M']} rows, more than the"
                 f" plan's capacity of {self.capacity}; plan with a larger capacity"
             )
-        words = table_words(segments, [s.data_ptr() for s in sources])
+        words = table_words(segments, [s.data_ptr() for s in sources], self.config["BLOCK_M"])
         if self.capacity is not None:
             if len(words) > self.table_words:
                 raise KernelInputError(

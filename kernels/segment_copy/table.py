@@ -1,20 +1,26 @@
-"""The device-side segment table: the scheduler's segments as they are, plus addresses.
+"""The device-side segment table: the scheduler's segments as they are, plus where each
+one's tiles end and the source addresses.
 
-One flat int64 array, built on the host with no per-tile work::
+One flat int64 array, built on the host in one pass over the segments::
 
     [n_segments,
-     source, src_row, n_rows, dst_row,     # segment 0, exactly as given
+     tile_end[0], ..., tile_end[n_segments - 1],   # tiles of segments 0..i, cumulative
+     source, src_row, n_rows, dst_row,            # segment 0, exactly as given
      ...,
      address of source 0, address of source 1, ...]
 
-The kernel cuts segments into tiles of at most ``BLOCK_M`` rows itself: program ``t``
-finds its segment from a running sum of ``ceil(n_rows / BLOCK_M)`` over the table, so a
-16384-row image next to a 1-row crop costs one launch, no program does more than
-``BLOCK_M`` rows, and the host never expands tiles. The grid only needs an upper bound
-on the tile count (``grid_bound``); programs past the last tile copy nothing.
+A segment of ``n_rows`` rows is cut into ``ceil(n_rows / BLOCK_M)`` tiles of at most
+``BLOCK_M`` rows, one program each; program ``t`` finds its segment by a binary search of
+``tile_end`` (``log2(n_segments)`` scalar loads, no program reads the whole table), so a
+16384-row image next to a 1-row crop costs one launch and no program does more than
+``BLOCK_M`` rows. ``BLOCK_M`` comes from the rows the table copies (not the
+destination's), which the packer counts in the same pass: it asks the launcher for the
+tile height of that row count, then writes the cumulative counts; the grid is the last
+one, the tiles with work exactly.
 
 The header word also makes a plan's table rewritable in place: ``SegmentPlan.update``
-changes the number of segments without touching the (possibly graph-captured) launch.
+changes the number of segments without touching the (possibly graph-captured) launch;
+programs past the last tile copy nothing and read no record.
 
 Uploads happen on the stream current at the call, inside the destination's device
 guard, from pinned memory with ``non_blocking=True``; the launch that follows on the
@@ -31,7 +37,7 @@ import sys
 from array import array
 from collections.abc import Sequence
 from functools import lru_cache
-from itertools import chain
+from itertools import accumulate, chain
 from struct import Struct
 
 import torch
@@ -44,12 +50,19 @@ except ImportError:  # installed without a C compiler: packed in Python
     _stream_copy = None
 
 HEADER_WORDS = 1
-SEGMENT_WORDS = SEGMENT_FIELDS
+SEGMENT_WORDS = SEGMENT_FIELDS + 1  # the fields and the cumulative tile count
 
 
-def table_words(segments: Sequence[Segment], addresses: Sequence[int]) -> array:
+def tile_ends(segments: Sequence[Segment], block_m: int) -> list[int]:
+    """Tiles of segments ``0..i``, for every ``i`` (the table's search column); a segment
+    of no rows has none."""
+    return list(accumulate(max(0, -(-s[2] // block_m)) for s in segments))
+
+
+def table_words(segments: Sequence[Segment], addresses: Sequence[int], block_m: int) -> array:
     """The table as host words (for plans; ``build_table`` is the per-call form)."""
     words = array("q", (len(segments),))
+    words.extend(tile_ends(segments, block_m))
     words.extend(chain.from_iterable(segments))
     words.extend(addresses)
     return words
@@ -63,11 +76,6 @@ def count_tiles(segments: Sequence[Segment], block_m: int) -> int:
     return sum(-(-s[2] // block_m) for s in segments)
 
 
-def grid_bound(total_rows: int, n_segments: int, block_m: int) -> int:
-    """At least ``count_tiles``: each segment adds less than one partial tile."""
-    return (total_rows + n_segments * (block_m - 1)) // block_m
-
-
 @lru_cache(maxsize=256)
 def _packer(n_words: int) -> Struct:
     return Struct(f"{n_words}q")
@@ -78,49 +86,58 @@ _LOW_BYTE = 0 if sys.byteorder == "little" else 7
 _LOW_NIBBLE = bytes(b & 15 for b in range(256))
 
 
-def pack_table(segments: Sequence[Segment], sources: Sequence) -> tuple[bytes, bool]:
-    """The table's bytes for one call, and whether every source address is 16-byte aligned.
+def pack_table(segments: Sequence[Segment], sources: Sequence, block_m_for) -> tuple[bytes, bool, int, int]:
+    """The table's bytes for one call, whether every source address is 16-byte aligned,
+    the rows it copies and its tiles of ``block_m_for(rows)`` rows (the Python form of
+    the C packer, for builds without it).
 
-    The words are packed in one C call, and the alignment is read from the packed bytes
-    with byte-string operations: a few nanoseconds per word."""
+    The alignment is read from the packed bytes with byte-string operations: a few
+    nanoseconds per word."""
     n_segments, n_sources = len(segments), len(sources)
+    rows = sum(max(0, s[2]) for s in segments)
+    ends = tile_ends(segments, block_m_for(rows))
     size = HEADER_WORDS + SEGMENT_WORDS * n_segments + n_sources
     packed = _packer(size).pack(
-        n_segments, *chain.from_iterable(segments), *map(torch.Tensor.data_ptr, sources)
+        n_segments, *ends, *chain.from_iterable(segments), *map(torch.Tensor.data_ptr, sources)
     )
     first_address = (size - n_sources) * 8 + _LOW_BYTE
     aligned = not packed[first_address::8].translate(_LOW_NIBBLE).strip(b"\0")
-    return packed, aligned
+    return packed, aligned, rows, ends[-1] if ends else 0
 
 
-def build_table(segments: Sequence[Segment], sources: Sequence, device, ring=None):
-    """The table for one call on ``device``, whether every source is 16-byte aligned, and
-    the ``StagingRing`` slot it was staged in (None for CPU tensors: the words are the
-    table). The caller calls ``slot.launched()`` after the launch that reads it."""
+def build_table(segments: Sequence[Segment], sources: Sequence, device, ring, block_m_for):
+    """``(table, every source 16-byte aligned, slot, rows copied, tiles)`` for one call on
+    ``device``: ``block_m_for(rows)`` is the tile height the launch will use for the
+    table's row count. ``ring`` is the device's ``StagingRing`` (None for CPU tensors:
+    the words are the table, and no slot is returned); the caller calls
+    ``slot.launched()`` after the launch that reads it."""
     if ring is None:
-        packed, aligned = pack_table(segments, sources)
-        return torch.frombuffer(bytearray(packed), dtype=torch.int64), aligned, None
-    return stage_table(ring, segments, sources)
+        packed, aligned, rows, tiles = pack_table(segments, sources, block_m_for)
+        return torch.frombuffer(bytearray(packed), dtype=torch.int64), aligned, None, rows, tiles
+    return stage_table(ring, segments, sources, block_m_for)
 
 
-def stage_table(ring, segments: Sequence[Segment], sources: Sequence):
-    """``(device table, every source 16-byte aligned, slot)`` staged in a slot of ``ring``
-    (``staging.StagingRing``); the table is copied on the current stream."""
+def stage_table(ring, segments: Sequence[Segment], sources: Sequence, block_m_for):
+    """``(device table, every source 16-byte aligned, slot, rows, tiles)`` as
+    ``build_table`` returns them, staged in a slot of ``ring`` (``staging.StagingRing``);
+    the table is copied on the current stream."""
     n_words = table_size(len(segments), len(sources))
     slot = ring.claim(n_words)
     try:
         if _stream_copy is not None:
             # Packed by the C helper straight into the host buffer.
-            aligned = _stream_copy.pack_table(slot.host_address, slot.words, segments, sources)[1]
+            _, aligned, rows, tiles = _stream_copy.pack_table(
+                slot.host_address, slot.words, segments, sources, block_m_for
+            )
         else:
-            packed, aligned = pack_table(segments, sources)
+            packed, aligned, rows, tiles = pack_table(segments, sources, block_m_for)
             ctypes.memmove(slot.host_address, packed, len(packed))
         # The whole buffer: the kernel reads only as many words as the header says.
         slot.device.copy_(slot.host, non_blocking=True)
     except BaseException:
         slot.launched()  # nothing reads it: hand it back
         raise
-    return slot.device, aligned, slot
+    return slot.device, aligned, slot, rows, tiles
 
 
 def pinned_words(n_words: int):

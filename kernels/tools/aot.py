@@ -117,7 +117,6 @@ def aot_specs(
 def segment_gather_specs(v: Variant) -> list[AotSpec]:
     """Both launch forms: through the segment table, and one segment passed as arguments."""
     from .._triton import tl_dtype
-    from ..segment_copy.kernel import SEG_BLOCK
 
     specs = []
     for one_segment in (False, True):
@@ -134,7 +133,6 @@ def segment_gather_specs(v: Variant) -> list[AotSpec]:
             **v.blocks,
             "EVEN_H": v.hidden % v.config["BLOCK_H"] == 0,
             "ONE_SEGMENT": one_segment,
-            "SEG_BLOCK": SEG_BLOCK,
         }
         divisible = ["dst_ptr"] if v.aligned else []
         if one_segment:
@@ -190,20 +188,27 @@ _GCN_X4_LOAD = re.compile(r"\b(?:global|buffer)_load_dwordx4\b")
 _GCN_X4_STORE = re.compile(r"\b(?:global|buffer)_store_dwordx4\b")
 
 
-def _cuda_spill_bytes(cubin: bytes) -> int:
-    """Spill traffic from the ``cuobjdump`` that ships in the triton wheel (STACK + LOCAL bytes)."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """``cuobjdump FLAG`` of a cubin, with the ``cuobjdump`` that ships in the triton wheel."""
     import triton
 
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        text = subprocess.run(
-            [str(tool), "--dump-resource-usage", str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
+        return subprocess.run(
+            [str(tool), flag, str(path)], capture_output=True, text=True, check=True
         ).stdout
+
+
+def sass(compiled) -> str:
+    """The SASS of an NVIDIA compile (what the GPU runs; ``asm.sass_loops`` reads it)."""
+    return _cuobjdump(compiled.asm["cubin"], "-sass")
+
+
+def _cuda_spill_bytes(cubin: bytes) -> int:
+    """Spill traffic (STACK + LOCAL bytes) from ``cuobjdump --dump-resource-usage``."""
+    text = _cuobjdump(cubin, "--dump-resource-usage")
     usage = re.findall(r"\b(STACK|LOCAL):(\d+)", text)
     if not usage:
         raise RuntimeError(f"cuobjdump printed no resource usage:\n{text}")

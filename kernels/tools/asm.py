@@ -1,15 +1,16 @@
-"""Reading compiled kernels: which global accesses, loops and instructions PTX or AMDGCN
-text holds. Used by the AOT tests to assert the code the kernels compile to (vector
-width, waits in a loop, native conversions) without a GPU.
+"""Reading compiled kernels: which global accesses, loops and instructions PTX, SASS or
+AMDGCN text holds. Used by the AOT tests to assert the code the kernels compile to
+(vector width, waits in a loop, native conversions, the segment search) without a GPU.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from typing import NamedTuple
 
 _PTX_ACCESS = re.compile(r"\b(ld|st)\.global((?:\.[a-z0-9]+)*)")
-_GCN_ACCESS = re.compile(r"\bglobal_(load|store)_(\w+)")
+_GCN_ACCESS = re.compile(r"\b(?:global|buffer|flat)_(load|store)_(\w+)")
 _PTX_INSTRUCTION = re.compile(r"^\s+(?:@!?%p\d+\s+)?([a-z][a-z0-9]*)((?:\.[a-z0-9]+)*)", re.M)
 _GCN_INSTRUCTION = re.compile(r"^\s+([sv]_[a-z0-9_]+|global_[a-z0-9_]+|buffer_[a-z0-9_]+)", re.M)
 _LABEL = re.compile(r"^(\$L__BB\d+_\d+|\.LBB\d+_\d+):", re.M)
@@ -70,3 +71,25 @@ def loops(text: str) -> list[str]:
         if target in labels and labels[target] < m.start():
             ends[target] = max(ends.get(target, 0), m.end())
     return [text[labels[t] : end] for t, end in sorted(ends.items(), key=lambda kv: labels[kv[0]])]
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+
+
+class SassLoop(NamedTuple):
+    start: int  # byte offset of the loop's first instruction
+    instructions: int  # instructions from the first to the branch back, both included
+    text: str
+
+
+def sass_loops(text: str) -> list[SassLoop]:
+    """Every loop of ``cuobjdump -sass`` text: a branch to an earlier address closes one."""
+    lines = [(int(m.group(1), 16), m.group(3), m.group(0)) for m in _SASS_LINE.finditer(text)]
+    found = []
+    for i, (offset, op, _) in enumerate(lines):
+        target = re.search(r"BRA\s+(?:`\()?(?:0x)?([0-9a-f]+)", lines[i][2]) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < offset:
+            start = int(target.group(1), 16)
+            body = [line for at, _, line in lines if start <= at <= offset]
+            found.append(SassLoop(start, len(body), "\n".join(body)))
+    return found

@@ -1,5 +1,7 @@
 """Segment gather (Triton, interpreted) against the torch reference, bit for bit."""
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -7,6 +9,7 @@ from hypothesis import strategies as st
 
 from mm_schedule.errors import KernelInputError, SegmentError, SourceOverlapError
 from mm_schedule.kernels.segment_copy import launch as gather_mod
+from mm_schedule.kernels.segment_copy import table as table_mod
 from mm_schedule.kernels.segment_copy.contract import Segment
 from mm_schedule.kernels.segment_copy.launch import (
     gather_segments,
@@ -16,7 +19,7 @@ from mm_schedule.kernels.segment_copy.launch import (
     plan_segments,
     run_segments,
 )
-from mm_schedule.kernels.segment_copy.table import count_tiles, grid_bound, table_words
+from mm_schedule.kernels.segment_copy.table import count_tiles, table_words
 
 FIXTURE_OK = settings(
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -116,8 +119,8 @@ def test_skewed_sizes_split_into_even_tiles(triton_backend, helpers):
     assert plan.n_tiles == 26 + 20
 
 
-def test_more_segments_than_one_scan_block(triton_backend, helpers):
-    # Programs find their segment 64 table entries at a time; cross that boundary twice.
+def test_segments_of_every_size_in_one_table(triton_backend, helpers):
+    # 150 segments: the search takes eight steps and lands on every one of them.
     gen = torch.Generator().manual_seed(5)
     sources = [helpers.random_rows(7, 64, torch.bfloat16, gen) for _ in range(3)]
     segments, row = [], 1
@@ -128,15 +131,13 @@ def test_more_segments_than_one_scan_block(triton_backend, helpers):
     run_both(helpers, sources, segments, row + 1, torch.bfloat16, {**SMALL, "BLOCK_M": 4})
 
 
-def test_table_holds_the_segments_as_given_and_the_addresses():
+def test_table_holds_cumulative_tiles_the_segments_as_given_and_the_addresses():
     segments = [Segment(1, 3, 10, 50), Segment(0, 0, 4, 0), Segment(1, 0, 1, 7)]
     bases = [1 << 20, 1 << 30]
-    words = table_words(segments, bases)
-    assert list(words) == [3, 1, 3, 10, 50, 0, 0, 4, 0, 1, 0, 1, 7, 1 << 20, 1 << 30]
+    words = table_words(segments, bases, 4)
+    assert list(words) == [3, 3, 4, 5, 1, 3, 10, 50, 0, 0, 4, 0, 1, 0, 1, 7, 1 << 20, 1 << 30]
     assert count_tiles(segments, 4) == 3 + 1 + 1
-    for block_m in (1, 2, 4, 8, 16):
-        bound = grid_bound(15, 3, block_m)
-        assert count_tiles(segments, block_m) <= bound < count_tiles(segments, block_m) + 3
+    assert list(table_words(segments, bases, 1))[1:4] == [10, 14, 15]
 
 
 def test_unaligned_sources_take_the_unaligned_variant(triton_backend, helpers):
@@ -311,3 +312,80 @@ def test_a_malformed_segment_is_a_segment_error(triton_backend, bad):
     for out in (None, torch.empty(4, 64)):
         with pytest.raises(SegmentError, match=r"must be \(source, src_row, n_rows, dst_row\)"):
             gather_segments([torch.randn(4, 64)], [(0, 0, 1, 0), bad], out=out)
+
+
+def _fresh_generator():
+    """A generator on a seed drawn for this run (named in failures, to replay one)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    return torch.Generator().manual_seed(seed), seed
+
+
+@pytest.mark.parametrize("block_m", [1, 2, 4, 16])
+@pytest.mark.parametrize("kind", ["tiny", "spanning", "mixed"])
+def test_every_program_finds_its_segment(triton_backend, helpers, kind, block_m):
+    """Bit-exact into poison on fresh random data: hundreds of one- and two-row segments
+    (the search's every step taken), segments of many tiles each, and both mixed."""
+    gen, seed = _fresh_generator()
+    sizes = {
+        "tiny": lambda: torch.randint(1, 3, (400,), generator=gen),
+        "spanning": lambda: torch.randint(3 * block_m, 40 * block_m, (5,), generator=gen),
+        "mixed": lambda: torch.randint(1, 24 * block_m, (60,), generator=gen),
+    }[kind]().tolist()
+    sources = [helpers.random_rows(n + 2, 64, torch.bfloat16, gen) for n in sizes]
+    order = torch.randperm(len(sizes), generator=gen).tolist()
+    segments, row = [None] * len(sizes), 1
+    for i in order:
+        segments[i] = (i, int(torch.randint(0, 3, (1,), generator=gen)), sizes[i], row)
+        row += sizes[i] + int(torch.randint(0, 2, (1,), generator=gen))
+    out = helpers.poisoned((row + 1, 64), torch.bfloat16)
+    expected = out.clone()
+    if kind == "tiny" and block_m == 1:
+        launch_trusted(sources, segments, out)  # the scheduler's path, its own config
+    else:
+        gather_segments(sources, segments, out=out, config={**SMALL, "BLOCK_M": block_m})
+    gather_segments_ref(sources, segments, expected)
+    try:
+        helpers.assert_bitwise_equal(out, expected)
+    except AssertionError as failure:
+        raise AssertionError(f"seed {seed}: {failure}") from None
+
+
+def test_one_segment_and_an_empty_table_on_fresh_data(triton_backend, helpers):
+    gen, seed = _fresh_generator()
+    source = helpers.random_rows(37, 72, torch.float32, gen)
+    for segments in ([(0, 3, 30, 5)], []):
+        out = helpers.poisoned((40, 72), torch.bfloat16)
+        expected = out.clone()
+        gather_segments([source], segments, out=out, config={**SMALL, "BLOCK_M": 4})
+        gather_segments_ref([source], segments, expected)
+        helpers.assert_bitwise_equal(out, expected)
+    assert out.isnan().all(), seed
+
+
+@pytest.mark.skipif(table_mod._stream_copy is None, reason="the C helper is not built")
+def test_the_c_packer_writes_what_the_python_packer_does(helpers):
+    gen, seed = _fresh_generator()
+    for n_segments in (0, 1, 7, 300):
+        sources = [helpers.random_rows(4, 64, torch.float16, gen) for _ in range(5)]
+        segments = [(int(s), 0, int(n), 10 * i) for i, (s, n) in enumerate(zip(
+            torch.randint(0, 5, (n_segments,), generator=gen),
+            torch.randint(1, 50, (n_segments,), generator=gen)))]  # fmt: skip
+        asked = []
+
+        def block_m_for(rows, asked=asked):
+            asked.append(rows)
+            return 1 << (rows % 5)
+
+        packed, aligned, rows, tiles = table_mod.pack_table(segments, sources, block_m_for)
+        host = torch.zeros(len(packed) // 8 + 3, dtype=torch.int64)
+        words, c_aligned, c_rows, c_tiles = table_mod._stream_copy.pack_table(
+            host.data_ptr(), host.numel(), segments, sources, block_m_for)
+        assert words == len(packed) // 8, seed
+        assert host[:words].numpy().tobytes() == packed, seed
+        assert (c_aligned, c_rows, c_tiles) == (aligned, rows, tiles), seed
+        assert asked == [sum(s[2] for s in segments)] * 2
+        block_m = 1 << (rows % 5)
+        assert tiles == count_tiles(segments, block_m)
+        assert list(table_words(segments, [s.data_ptr() for s in sources], block_m)) == host[:words].tolist()
+        with pytest.raises(ValueError, match="buffer holds"):
+            table_mod._stream_copy.pack_table(host.data_ptr(), words - 1, segments, sources, block_m_for)

@@ -128,9 +128,9 @@ def fake(monkeypatch, triton_backend):
         layer.log.append(("launch", layer.device, stream.name if stream else None))
         return real_launch(self, grid, args, variant, None)
 
-    def build(segments, sources, device, ring=None):
+    def build(segments, sources, device, *rest):
         layer.log.append(("table", layer.device, layer.current(device).name))
-        return real_build(segments, sources, device, ring)
+        return real_build(segments, sources, device, *rest)
 
     def upload(words, device, **kw):
         layer.log.append(("upload", layer.device, layer.current(device).name))
@@ -357,10 +357,11 @@ def test_build_table_reads_alignment_from_the_packed_addresses(helpers):
     aligned = [base[: 64 * 10].view(10, 64), base[64 * 10 : 64 * 20].view(10, 64)]
     shifted = base[1 : 1 + 64 * 10].view(10, 64)  # 2 bytes past an aligned address
     segments = [(0, 0, 2, 0), (1, 3, 2, 2)]
-    words, ok, slot = table.build_table(segments, aligned, torch.device("cpu"))
-    assert slot is None and ok and words.tolist() == [2, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
+    words, ok, slot, rows, tiles = table.build_table(segments, aligned, torch.device("cpu"), None, lambda rows: 1)
+    assert slot is None and ok and (rows, tiles) == (4, 4)
+    assert words.tolist() == [2, 2, 4, 0, 0, 2, 0, 1, 3, 2, 2, *(t.data_ptr() for t in aligned)]
     for sources in ([aligned[0], shifted], [shifted, aligned[0]], [shifted]):
-        assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"))[1]
+        assert not table.build_table(segments[: len(sources)], sources, torch.device("cpu"), None, lambda rows: 1)[1]
 
 
 # --- empty steps, capture of plans, updates across streams -----------------------------
@@ -534,8 +535,10 @@ def test_staging_ring_reuses_a_slot_once_the_launch_that_read_it_has_run(helpers
     staged = []
     for call in range(2 * ring.SLOTS + 1):
         segments = [(i % 3, 0, 1 + (call + i) % 4, 4 * i) for i in range(2 + call % 3)]
-        device_table, aligned, slot = table.build_table(segments, sources, torch.device("cpu"), ring)
-        words = table.table_words(segments, [s.data_ptr() for s in sources])
+        device_table, aligned, slot, _, _ = table.build_table(
+            segments, sources, torch.device("cpu"), ring, lambda rows: 2
+        )
+        words = table.table_words(segments, [s.data_ptr() for s in sources], 2)
         # The device table holds the words (then stale words the header keeps unread).
         assert device_table[: len(words)].tolist() == list(words)
         assert aligned == all(s.data_ptr() % 16 == 0 for s in sources)
@@ -561,7 +564,7 @@ def test_staging_ring_adds_slots_instead_of_waiting_while_launches_are_in_flight
     calls = 3 * ring.SLOTS + 5
     slots = []
     for call in range(calls):  # the device runs nothing meanwhile
-        _, _, slot = table.build_table([(0, 0, 2, 2 * call)], sources, torch.device("cpu"), ring)
+        _, _, slot, _, _ = table.build_table([(0, 0, 2, 2 * call)], sources, torch.device("cpu"), ring, lambda rows: 16)
         slot.launched()
         slots.append(slot)
     assert not any(e[0] == "synchronize" for e in log)  # the host never waited
@@ -569,7 +572,7 @@ def test_staging_ring_adds_slots_instead_of_waiting_while_launches_are_in_flight
     # Once the device has caught up, the oldest slots are reused first, in launch order.
     for event in ring.events:
         event.done = True
-    again = [table.build_table([(0, 0, 2, 0)], sources, torch.device("cpu"), ring)[2] for _ in range(3)]
+    again = [table.build_table([(0, 0, 2, 0)], sources, torch.device("cpu"), ring, lambda rows: 16)[2] for _ in range(3)]
     for slot in again:
         slot.launched()
     assert again == slots[:3] and len(ring) == calls
@@ -582,7 +585,7 @@ def test_staging_ring_waits_only_at_its_limit_and_then_for_the_oldest_launch(hel
     sources = [helpers.random_rows(4, 64, torch.float16)]
     slots = []
     for call in range(12):
-        slot = table.build_table([(0, 0, 1, call)], sources, torch.device("cpu"), ring)[2]
+        slot = table.build_table([(0, 0, 1, call)], sources, torch.device("cpu"), ring, lambda rows: 16)[2]
         slot.launched()
         slots.append(slot)
     assert len(ring) == 10
@@ -606,11 +609,11 @@ def test_staging_ring_never_gives_one_slot_to_two_threads(helpers):
         try:
             start.wait()
             for call in range(200):
-                slot = table.build_table([(0, n, 1 + call % 7, call)], sources, torch.device("cpu"), ring)[2]
+                slot = table.build_table([(0, n, 1 + call % 7, call)], sources, torch.device("cpu"), ring, lambda rows: 16)[2]
                 if holders.setdefault(id(slot), n) != n:
                     clashes.append(id(slot))
                 # The table this thread staged is still its own until it launches.
-                assert slot.device[1:5].tolist() == [0, n, 1 + call % 7, call]
+                assert slot.device[2:6].tolist() == [0, n, 1 + call % 7, call]  # after the header and tile_end
                 del holders[id(slot)]
                 slot.launched()
                 for event in list(ring.events):
