@@ -210,6 +210,9 @@ class EmbeddingCache:
                 deque(map(entries.move_to_end, keys), maxlen=0)
                 self._hits += len(found)
                 return list(map(_tensor_of, found)), self._layout()
+            if found == [None] * len(found):  # nothing cached (a cold step): no entry to check
+                self._misses += len(found)
+                return found, self._layout()
             out = []
             append = out.append
             hits = 0

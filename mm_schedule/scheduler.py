@@ -107,9 +107,12 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
         return
     keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if plan.has_hits else ()
+    if len(encoded) == len(keys) and list(encoded) == list(range(len(keys))):
+        pairs, encoded_modalities = zip(keys, tensors), modalities  # every source, in order (a cold step)
+    else:
+        pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
     try:
-        cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect,
-                          modalities=[modalities[s] for s in encoded])
+        cache.insert_many(pairs, protect=protect, modalities=encoded_modalities)
     except CacheLayoutError as exc:
         source = next((s for s in encoded if keys[s] == exc.key), None)
         if source is None:

@@ -234,6 +234,11 @@ def batch_misses(kinds: Sequence[SourceKind], rows: Sequence[int], modalities: S
     whole = set(whole_request)
     per_modality: dict[str, list[int]] = {}
     alone: list[tuple[str, tuple[int, ...]]] = []
+    if not whole and kinds and _only(kinds, MISS) and type(modalities) is list \
+            and modalities == [modalities[0]] * len(modalities):
+        # Every source a per-item miss of one modality (a cold step): all of them, in order.
+        per_modality[modalities[0]] = list(range(len(kinds)))
+        kinds = ()
     for i, kind in enumerate(kinds):
         if kind is not MISS:
             continue

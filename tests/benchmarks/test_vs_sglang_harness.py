@@ -165,6 +165,8 @@ def test_the_drop_in_dispatches_as_many_aten_operators_at_every_size():
     results = [bench.CaseResult("all-cached", n, 1, {}, {}, {}, {}, operators=c) for n, c in counts.items()]
     assert bench.constant_operators(results, bench.OURS_COMPAT) is True
     assert bench.constant_operators(results, bench.SGL19) is False
+    small = bench.CaseResult("all-cached", 4, 1, {}, {}, {}, {}, operators={bench.OURS_COMPAT: 1})
+    assert bench.constant_operators([small, *results], bench.OURS_COMPAT) is True  # below OPERATORS_FROM
 
 
 def test_shape_only_cat_replaces_every_alias_and_restores_them():
