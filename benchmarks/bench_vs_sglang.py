@@ -868,7 +868,16 @@ def environment(releases, stubbed: list[str]) -> list[str]:
         f" gc thresholds {gc.get_threshold()}",
         "- glibc malloc: " + (", ".join(f"{k}={os.environ[k]}" for k in MALLOC_REUSE if k in os.environ) or "defaults"),
         f"- CPU: {cpu} ({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores visible)",
+        f"- load average when written (1, 5, 15 min): {_load_average()}",
     ]
+
+
+def _load_average() -> str:
+    """How busy the machine was (other processes share its cores): a ratio's spread grows with it."""
+    try:
+        return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+    except (AttributeError, OSError):
+        return "?"
 
 
 def main(argv: list[str] | None = None) -> int:
