@@ -204,10 +204,18 @@ class EmbeddingCache:
             entries = self._entries
             found = list(map(entries.get, keys))
             # Every key cached with the expected rows (the steady state): each pass runs in C.
-            if None not in found and list(map(_row_count, found)) == (rows if type(rows) is list else list(rows)):
+            # A key not cached (None) stops the row count pass: no separate scan for None.
+            try:
+                counts = list(map(_row_count, found))
+            except TypeError:
+                counts = None
+            if counts is not None and counts == (rows if type(rows) is list else list(rows)):
                 deque(map(entries.move_to_end, keys), maxlen=0)
                 self._hits += len(found)
                 return list(map(_tensor_of, found)), self._layout()
+            if found == [None] * len(found):  # nothing cached (a cold step): no entry to check
+                self._misses += len(found)
+                return found, self._layout()
             out = []
             append = out.append
             hits = 0

@@ -97,9 +97,12 @@ def _membership(ids: Any, pads: Any) -> Any:
 def sorted_membership(ids: Any, pads: Any) -> Any:
     """Which ``ids`` are among ``pads``: a token is one when the sorted ids hold it, i.e. its
     left and right insertion points differ. Two searches and one compare: no gather, no
-    clamp, nothing read back to the host (the path for tensors on a device)."""
+    clamp, nothing read back to the host (the path for tensors on a device). The searches
+    are ``bucketize``, the same device kernel as ``searchsorted`` with its arguments swapped,
+    whose shape function is native code where ``searchsorted``'s runs as Python (meta and
+    fake tensors: dry runs, tracing)."""
     pads = pads.sort().values
-    return torch.searchsorted(pads, ids, right=True) > torch.searchsorted(pads, ids)
+    return torch.bucketize(ids, pads, right=True) > torch.bucketize(ids, pads)
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:

@@ -106,10 +106,13 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
     if cache is None or not encoded:
         return
     keys, modalities = plan.keys, plan.modalities
-    protect = plan.hit_keys if HIT in plan.kinds else ()
+    protect = plan.hit_keys if plan.has_hits else ()
+    if len(encoded) == len(keys) and list(encoded) == list(range(len(keys))):
+        pairs, encoded_modalities = zip(keys, tensors), modalities  # every source, in order (a cold step)
+    else:
+        pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
     try:
-        cache.insert_many(((keys[s], tensors[s]) for s in encoded), protect=protect,
-                          modalities=[modalities[s] for s in encoded])
+        cache.insert_many(pairs, protect=protect, modalities=encoded_modalities)
     except CacheLayoutError as exc:
         source = next((s for s in encoded if keys[s] == exc.key), None)
         if source is None:
@@ -144,7 +147,7 @@ def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: 
         if layout != (None, None):
             known[modality] = layout
     unvouched = [key for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities)
-                 if kind is HIT and modality not in known] if HIT in plan.kinds else []
+                 if kind is HIT and modality not in known] if plan.has_hits else []
     expected.learn_cache_layouts(known, unvouched)
 
 
@@ -197,14 +200,14 @@ class _Evictions:
         if cache is None:
             return
         evict = self.expected.evict
-        if kind is not None and self.assembling and self.plan is not None and HIT in self.plan.kinds:
+        if kind is not None and self.assembling and self.plan is not None and self.plan.has_hits:
             evict = evict + self.plan.hit_keys
         if evict:
             cache.discard_many(evict)
 
 
 def acknowledge_hits(plan: StepPlan, context: StepContext) -> None:
-    if context.on_cache_hit is not None and HIT in plan.kinds:
+    if context.on_cache_hit is not None and plan.has_hits:
         context.on_cache_hit(plan.hit_items, context.parallel)
 
 

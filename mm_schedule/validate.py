@@ -116,7 +116,7 @@ def check_sources(plan: StepPlan, expected: Expected) -> Sequence[Any]:
     """The step's source tensors with its hits and precomputed embeddings checked
     (misses are still None)."""
     tensors = check_hits(plan, expected)
-    if PRECOMPUTED in plan.kinds:
+    if not plan.all_hits and PRECOMPUTED in plan.kinds:
         tensors = list(tensors)
         check_precomputed(plan, tensors, expected)
     return tensors
@@ -128,7 +128,7 @@ def check_hits(plan: StepPlan, expected: Expected) -> Sequence[Any]:
     A hit that cannot serve the step is named in ``expected.evict`` and raises
     ``CachedEmbeddingError``."""
     tensors = plan.tensors
-    if HIT not in plan.kinds:
+    if not plan.has_hits:
         return tensors
     layout = plan.cache_layout
     if layout is not None:
@@ -243,7 +243,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
 
 def _hit_storages(plan: StepPlan) -> dict:
     """Storage of each of the step's hits: an encoder output in one of them overwrote it."""
-    if HIT not in plan.kinds:
+    if not plan.has_hits:
         return {}
     return {storage_id(t): i for i, (kind, t) in enumerate(zip(plan.kinds, plan.tensors))
             if kind is HIT and not t.is_meta}

@@ -129,7 +129,9 @@ class StepPlan(NamedTuple):
         ``EmbeddingCache.lookup_many``; None: nothing is cached."""
         kinds, tensors, layout = self.kinds, self.tensors, None
         if lookup is not None and MISS in kinds:
-            if PRECOMPUTED in kinds or not isinstance(kinds, list):
+            # Lists of one member compare by identity, element by element in C: far cheaper
+            # than ``PRECOMPUTED in kinds``, which compares every enum member by value.
+            if type(kinds) is not list or kinds != [MISS] * len(kinds):
                 wanted = [i for i, kind in enumerate(kinds) if kind is MISS]
             else:
                 wanted = None  # every source a miss: all looked up, in order
@@ -145,15 +147,27 @@ class StepPlan(NamedTuple):
                     if t is not None:
                         kinds[i], tensors[i] = HIT, t
         batches = batch_misses(kinds, self.rows, self.modalities, self.multi_items, self.token_budget) \
-            if MISS in kinds else ()
+            if not _only(kinds, HIT) and MISS in kinds else ()
         return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=layout)
+
+    @property
+    def all_hits(self) -> bool:
+        """Every source served from the cache (the steady state), tested without comparing
+        enum members by value."""
+        return _only(self.kinds, HIT)
+
+    @property
+    def has_hits(self) -> bool:
+        """Some source served from the cache (``HIT in kinds``, answered at once for a step
+        of misses only)."""
+        return not _only(self.kinds, MISS) and HIT in self.kinds
 
     @property
     def hit_items(self) -> list[Any]:
         """Every request's item served from the cache, each use once (whole-request
         sources contribute all their items)."""
         kinds = self.kinds
-        if MISS not in kinds and PRECOMPUTED not in kinds and not self.multi_items:
+        if not self.multi_items and _only(kinds, HIT):
             return list(self.use_item)  # every use a hit of one item (the steady state): no loop
         items = []
         for source, item in zip(self.use_source, self.use_item):
@@ -206,6 +220,12 @@ class StepPlan(NamedTuple):
         return [k for k, kind in zip(self.keys, self.kinds) if kind is HIT]
 
 
+def _only(kinds: Sequence[SourceKind], kind: SourceKind) -> bool:
+    """True when ``kinds`` is a list holding nothing but ``kind`` (False for other sequences,
+    which callers then scan as before)."""
+    return type(kinds) is list and kinds == [kind] * len(kinds)
+
+
 def batch_misses(kinds: Sequence[SourceKind], rows: Sequence[int], modalities: Sequence[str],
                  whole_request: Iterable[int], budget: int | None) -> list[tuple[str, tuple[int, ...]]]:
     """Encoder calls for the misses: per modality, every per-item miss in first-seen order
@@ -214,6 +234,11 @@ def batch_misses(kinds: Sequence[SourceKind], rows: Sequence[int], modalities: S
     whole = set(whole_request)
     per_modality: dict[str, list[int]] = {}
     alone: list[tuple[str, tuple[int, ...]]] = []
+    if not whole and kinds and _only(kinds, MISS) and type(modalities) is list \
+            and modalities == [modalities[0]] * len(modalities):
+        # Every source a per-item miss of one modality (a cold step): all of them, in order.
+        per_modality[modalities[0]] = list(range(len(kinds)))
+        kinds = ()
     for i, kind in enumerate(kinds):
         if kind is not MISS:
             continue

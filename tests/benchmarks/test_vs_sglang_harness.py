@@ -139,3 +139,52 @@ def test_meta_sides_run_unchanged_and_return_the_expected_shapes(sides, shape_on
     # The shape check can fail: a result of the wrong shape is reported.
     wrong = {"x": {"rows": torch.empty(batch.n_rows + 1, bench.HIDDEN, device="meta")}}
     assert bench.compare_meta(wrong, batch)
+
+
+def test_the_drop_in_dispatches_as_many_aten_operators_at_every_size():
+    """The host-overhead case's operator count: ours-compat dispatches the same number of
+    ATen operators per all-cached step at every size, while SGLang's grows with the items
+    (sizes from 64 up: with fewer placeholder ids the mask compares against each id,
+    ``torch.isin``, in fewer operators still). The counter itself is checked on a known
+    sequence of operators first."""
+    with bench.OperatorCount() as mode:
+        a = torch.empty(3, 2, device="meta")
+        (a + 1).sum()
+    assert mode.count == 3  # empty, add, sum
+
+    release = bench._sglang_wheels.load_release("0.5.19")
+    meta_sides = [s for s in bench.make_meta_sides(release) if s.name in (bench.SGL19, bench.OURS_COMPAT)]
+    counts = {}
+    with bench.ShapeOnlyCat():
+        for n in (64, 256, 1024):
+            counts[n] = bench.count_operators(meta_sides, bench.on_meta(bench.build_batch(n, seed=n)), miss=False)
+    ours = {c[bench.OURS_COMPAT] for c in counts.values()}
+    assert len(ours) == 1 and ours.pop() > 0
+    theirs = [counts[n][bench.SGL19] for n in (64, 256, 1024)]
+    assert theirs[0] < theirs[1] < theirs[2]
+    results = [bench.CaseResult("all-cached", n, 1, {}, {}, {}, {}, operators=c) for n, c in counts.items()]
+    assert bench.constant_operators(results, bench.OURS_COMPAT) is True
+    assert bench.constant_operators(results, bench.SGL19) is False
+    small = bench.CaseResult("all-cached", 4, 1, {}, {}, {}, {}, operators={bench.OURS_COMPAT: 1})
+    assert bench.constant_operators([small, *results], bench.OURS_COMPAT) is True  # below OPERATORS_FROM
+
+
+def test_shape_only_cat_replaces_every_alias_and_restores_them():
+    """SGLang's last step calls torch.concat: the stand-in must cover it as it covers cat."""
+    real = {name: getattr(torch, name) for name in ("cat", "concat", "concatenate")}
+    parts = [torch.empty(2, 4, device="meta"), torch.empty(3, 4, device="meta")]
+    with bench.ShapeOnlyCat():
+        for name in real:
+            got = getattr(torch, name)(parts)
+            assert got.is_meta and tuple(got.shape) == (5, 4)
+            assert getattr(torch, name) is not real[name]
+        cpu = torch.concat([torch.ones(1, 2), torch.zeros(1, 2)])
+        assert torch.equal(cpu, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # real data: the real cat
+    assert all(getattr(torch, name) is fn for name, fn in real.items())
+
+
+def test_pass_ratios_give_the_spread_of_every_pass():
+    result = bench.CaseResult("all-cached", 8, 6, {"a": 1.0, "b": 4.0}, {}, {}, {},
+                              pass_median_us={"a": [1.0, 2.0, 1.0], "b": [5.0, 6.0, 4.0]})
+    assert bench.pass_ratios(result, "a", "b") == [3.0, 4.0, 5.0]
+    assert bench.ratio_spread(result, "a", "b") == "4.00x (3.00-5.00)"
