@@ -55,9 +55,17 @@ def _imports(path: Path, name: str) -> set[str]:
     return found
 
 
+# The one circle by design: the first call into the vLLM drop-ins on an unlisted vLLM
+# release runs our own gather and merge against that vLLM's (``releases`` -> ``verify``,
+# imported inside the function that decides). Named edge by edge, so any other circle fails.
+FIRST_USE_EDGES = {("mm_schedule.integrations.vllm.releases", "mm_schedule.integrations.vllm.verify")}
+
+
 def test_mm_schedule_has_no_import_circles():
     modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {name: {m for m in _imports(path, name) if m in modules and m != name} for name, path in modules.items()}
+    assert all(b in graph[a] for a, b in FIRST_USE_EDGES)  # an exemption no longer needed must go
+    graph = {name: {m for m in deps if (name, m) not in FIRST_USE_EDGES} for name, deps in graph.items()}
     # A module imports its package's __init__ implicitly; only edges between modules count.
     graph = {name: {m for m in deps if not name.startswith(m + ".")} for name, deps in graph.items()}
     assert "mm_schedule.plan.flat" in graph and graph["mm_schedule.scheduler"]  # the walk saw the package
