@@ -341,7 +341,7 @@ def get_embedding_and_mask(
             cursor += n
 
     encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
-    expected = Expected(packed.shape[-1] if packed is not None else None, device)
+    expected = Expected(packed.shape[-1] if packed is not None else None, device, "this chunk's other requests' rows")
     ranks = None
     if context.group is not None:
         from .ranks.videos import (

@@ -103,9 +103,10 @@ def maybe_assert_sum(mask: torch.Tensor, expected: int, message: str) -> None:
         )
 
 
-def init_mm_embedding_cache(max_size: int = 0):
+def init_mm_embedding_cache(max_size: int = 0, *, hidden_sizes=None, dtypes=None):
     global embedding_cache
-    embedding_cache = MultiModalStaticCache(max_size, share_storage=not differences.own_storage)
+    embedding_cache = MultiModalStaticCache(max_size, share_storage=not differences.own_storage,
+                                            hidden_sizes=hidden_sizes, dtypes=dtypes)
 
 
 def get_embedding_chunk(
