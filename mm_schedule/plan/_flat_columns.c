@@ -15,7 +15,10 @@
  * Integers are handled as int64 only inside [-2**60, 2**60], where no sum below can
  * overflow; anything larger, and spans that are not (start, end) tuples or lists, go to
  * the general planner instead of being narrowed. The GIL is held throughout; attribute
- * reads may run Python code (properties), so every object in use holds a reference.
+ * reads, comparisons, hashing and len() may run the user's Python code (a property, an
+ * __ne__ that replaces the span being compared), so no borrowed reference is held across
+ * any of them: span ends are copied to C integers first, compared as fresh ints, and the
+ * caller's span objects are held strongly while their comparison runs.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -82,6 +85,23 @@ static int append_repeated(PyObject *list, Py_ssize_t value, Py_ssize_t times) {
     return 0;
 }
 
+/* ``given != value`` as Python evaluates it (the caller's object may define __ne__),
+ * against a fresh int: 1, 0, or -1 with an exception set. */
+static int compare_end(PyObject *given, int64_t value) {
+    PyObject *boxed = PyLong_FromLongLong(value);
+    if (boxed == NULL) {
+        return -1;
+    }
+    PyObject *result = PyObject_RichCompare(given, boxed, Py_NE);
+    Py_DECREF(boxed);
+    if (result == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    return truth;
+}
+
 enum { OK = 0, GIVE_UP = 1, FAILED = -1 };
 
 typedef struct {
@@ -126,6 +146,8 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
         status = GIVE_UP;
         goto done;
     }
+    /* s_obj and e_obj are borrowed from the item's span, which the Python code below may
+     * replace: from here on only the C copies s and e are used. */
     if (given != Py_None) {
         PyObject *g = PySequence_GetItem(given, *k);
         if (g == NULL) {
@@ -134,10 +156,14 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
         PyObject *gs, *ge;
         int differs = 1;
         if (span_pair(g, &gs, &ge)) {
-            differs = PyObject_RichCompareBool(gs, s_obj, Py_NE);
+            Py_INCREF(gs);
+            Py_INCREF(ge);
+            differs = compare_end(gs, s);
             if (differs == 0) {
-                differs = PyObject_RichCompareBool(ge, e_obj, Py_NE);
+                differs = compare_end(ge, e);
             }
+            Py_DECREF(gs);
+            Py_DECREF(ge);
         }
         Py_DECREF(g);
         if (differs < 0) {
