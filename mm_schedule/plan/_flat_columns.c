@@ -112,11 +112,36 @@ typedef struct {
     Py_ssize_t n_sources;
 } Columns;
 
+/* c->last_name set to the name of item.modality (the last one looked up is kept). */
+static int item_modality(Columns *c, PyObject *item) {
+    PyObject *m = PyObject_GetAttr(item, s_modality);
+    if (m == NULL) {
+        return -1;
+    }
+    if (m != c->last_modality) {
+        int known = PyDict_Contains(c->names, m);
+        if (known < 0) {
+            Py_DECREF(m);
+            return -1;
+        }
+        PyObject *name = known ? PyObject_GetItem(c->names, m) : PyObject_CallOneArg(c->modality_name, m);
+        if (name == NULL) {
+            Py_DECREF(m);
+            return -1;
+        }
+        Py_XSETREF(c->last_name, name);
+        Py_XSETREF(c->last_modality, m); /* the reference GetAttr returned */
+        return 0;
+    }
+    Py_DECREF(m);
+    return 0;
+}
+
 /* One item of request r. */
 static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, Py_ssize_t *k, int64_t *prev_end,
                      int64_t prefix, int64_t end, int64_t token_shift) {
     int status = FAILED;
-    PyObject *offsets = NULL, *h = NULL, *m = NULL;
+    PyObject *offsets = NULL, *h = NULL;
     PyObject *pre = PyObject_GetAttr(item, s_precomputed);
     if (pre == NULL) {
         return FAILED;
@@ -219,23 +244,8 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
             goto done;
         }
         c->n_sources += 1;
-        m = PyObject_GetAttr(item, s_modality);
-        if (m == NULL) {
+        if (item_modality(c, item) < 0) {
             goto done;
-        }
-        if (m != c->last_modality) {
-            int known = PyDict_Contains(c->names, m);
-            if (known < 0) {
-                goto done;
-            }
-            PyObject *name = known ? PyObject_GetItem(c->names, m)
-                                   : PyObject_CallOneArg(c->modality_name, m);
-            if (name == NULL) {
-                goto done;
-            }
-            Py_XSETREF(c->last_name, name);
-            Py_INCREF(m);
-            Py_XSETREF(c->last_modality, m);
         }
         if (PyList_Append(c->modalities, c->last_name) < 0 || PyList_Append(c->first_items, item) < 0) {
             goto done;
@@ -258,6 +268,16 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
             status = GIVE_UP; /* one hash, two lengths: the general planner keeps them apart */
             goto done;
         }
+        if (item_modality(c, item) < 0) {
+            goto done;
+        }
+        PyObject *first_name = Py_NewRef(PyList_GET_ITEM(c->modalities, source));
+        int differs = PyObject_RichCompareBool(c->last_name, first_name, Py_NE);
+        Py_DECREF(first_name);
+        if (differs != 0) {
+            status = differs < 0 ? FAILED : GIVE_UP; /* one hash, two modalities: the general planner refuses it */
+            goto done;
+        }
         is_new = 0;
     }
     int64_t lo = whole ? s : (s > prefix ? s : prefix);
@@ -271,7 +291,6 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
 done:
     Py_XDECREF(offsets);
     Py_XDECREF(h);
-    Py_XDECREF(m);
     return status;
 }
 
