@@ -139,3 +139,22 @@ def test_meta_sides_run_unchanged_and_return_the_expected_shapes(sides, shape_on
     # The shape check can fail: a result of the wrong shape is reported.
     wrong = {"x": {"rows": torch.empty(batch.n_rows + 1, bench.HIDDEN, device="meta")}}
     assert bench.compare_meta(wrong, batch)
+
+
+def test_aten_operator_counts_are_counted_per_side(sides):
+    """The operator count the host-overhead report gives: ours constant in the number of
+    cached items, SGLang's growing with it; the counter sees every dispatched operator."""
+    release = bench._sglang_wheels.load_release("0.5.19")
+    meta_sides = bench.make_meta_sides(release)
+    counts = {}
+    with bench.ShapeOnlyCat():
+        for n in (4, 64, 256):
+            counts[n] = bench.count_aten_ops(meta_sides, bench.CaseRun(bench.on_meta(bench.build_batch(n, seed=n)),
+                                                                        False))
+    # Below 64 items the mask takes one isin over few pad values: fewer operators, not more.
+    assert counts[64][bench.OURS_COMPAT] == counts[256][bench.OURS_COMPAT] >= counts[4][bench.OURS_COMPAT] > 0
+    assert counts[256][bench.SGL19] > counts[64][bench.SGL19] > counts[64][bench.OURS_COMPAT]
+    counter = bench.AtenCounter()
+    with counter.mode:
+        torch.empty(2, 3, device="meta").add_(1).sum()
+    assert counter.count == 3
