@@ -33,7 +33,7 @@ _EXPORTS = {
     "RequestChunk": "plan",
     "StepPlan": "plan",
     "SourceKind": "plan",
-    "plan_step": "planner",
+    "plan_step": "plan",
     "embed_chunk": "scheduler",
     "merge_chunk": "scheduler",
     "StepResult": "scheduler",

@@ -23,10 +23,16 @@ An entry larger than the whole budget is rejected without evicting anything.
 
 What a modality's entries look like is the cache's to know, not the step's to guess: the
 hidden size and dtype of each modality are declared by the caller (``hidden_sizes=``,
-``dtypes=``) or learned from the first entry of the modality and kept (evicting every
-entry of a modality does not forget it; ``clear()`` does), and ``insert_many`` refuses, under its
-lock, a batch whose tensors disagree (``CacheLayoutError``, nothing inserted or evicted).
-So a faulty encoder output cannot poison the cache, whichever item happens to come first.
+``dtypes=``, kept for good) or learned from the entries of the modality the cache holds.
+A learned layout is only as good as the outputs it came from, so it lasts as long as
+they do: once no entry of it is held (evicted, discarded, freed) it is forgotten, and
+the next outputs of the modality set it again (the log says when that changes it).
+``insert_many`` refuses, under its lock, a batch whose tensors disagree with a declared
+layout, with the layout of held entries, or with each other (``CacheLayoutError``,
+nothing inserted or evicted), so a faulty output cannot poison the cache, whichever
+item happens to come first. A step that proves its size (the ``input_embeds`` it is
+merged into) passes ``replace_learned=True``: held entries of a learned layout of
+another hidden size can never serve it, so they are evicted and the layout replaced.
 
 An encoder that writes every call into one reused buffer would overwrite the entry
 cached by reference from its previous call. ``insert_many`` notices a tensor whose
@@ -166,7 +172,7 @@ class EmbeddingCache:
     """``max_bytes``: the budget (an int >= 0). ``hidden_sizes`` / ``dtypes``: what the
     entries of each modality must look like, one value for every modality or a mapping
     from modality (``"IMAGE"``, ``Modality.IMAGE``) to value; what is not declared is
-    learned from the modality's first entry and kept until ``clear()``.
+    learned from the modality's held entries, and forgotten once none is held.
     ``share_storage``: keep tensors as given, views included (see the module docstring);
     outputs sharing one storage are then expected, not taken for a reused buffer."""
 
@@ -180,7 +186,9 @@ class EmbeddingCache:
         self._dtypes = _declared("dtypes", dtypes, _is_dtype)
         self._entries: OrderedDict[int, tuple] = OrderedDict()
         self._layouts: Counter[tuple] = Counter()
-        self._learned: dict[str, tuple[int, Any]] = {}  # modality -> (hidden, dtype) of its first entry
+        # modality -> Counter of (hidden, dtype) over the held entries of that modality
+        self._held: dict[str, Counter] = {}
+        self._forgotten: dict[str, tuple] = {}  # modality -> its last learned layout, once none is held
         self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
         self._reused: OrderedDict[tuple, None] = OrderedDict()
         self._warned_reuse = False
@@ -243,27 +251,34 @@ class EmbeddingCache:
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None
 
-    def layout_of(self, modality: str) -> tuple[int | None, Any]:
+    def layout_of(self, modality: str, *, declared_only: bool = False) -> tuple[int | None, Any]:
         """``(hidden, dtype)`` the entries of ``modality`` must have, each None where
-        neither declared nor learned from an entry held."""
+        neither declared nor (unless ``declared_only``) learned from the entries held."""
         with self._lock:
-            return self._layout_of(modality)
+            return self._layout_of(modality, declared_only)
+
+    def layout_source(self, modality: str) -> str:
+        """Where ``layout_of(modality)`` comes from, in words (for error messages)."""
+        with self._lock:
+            return self._layout_source(modality)
 
     def insert_many(self, entries: Iterable[tuple[int, Any]], *, protect: Iterable[int] = (),
-                    modalities: Sequence[str | None] | None = None) -> int:
+                    modalities: Sequence[str | None] | None = None, replace_learned: bool = False) -> int:
         """Insert ``(key, tensor)`` pairs under one lock; returns how many were cached.
         ``protect``: keys that must not be evicted to make room (the inserting step's
         own hits). ``modalities``: each tensor's modality; a tensor disagreeing with its
         modality's layout (see ``layout_of``, or an earlier tensor of the batch) raises
-        ``CacheLayoutError`` before anything is inserted or evicted. The caller has
-        validated the tensors (floating, right rows)."""
+        ``CacheLayoutError`` before anything is inserted or evicted. ``replace_learned``:
+        the tensors' hidden size is proven (see the module docstring); held entries of a
+        learned layout of another hidden size are evicted instead, and the log says so.
+        The caller has validated the tensors (floating, right rows)."""
         pairs = list(entries)
         mods = [None] * len(pairs) if modalities is None else list(modalities)
         share = self.share_storage
         prepared = [(key, _entry(tensor, None, modality, share=share)) for (key, tensor), modality in zip(pairs, mods)]
         with self._lock:
             if modalities is not None:
-                self._check_layouts(prepared)
+                self._check_layouts(prepared, replace_learned)
             if (self._by_storage or self._reused) and not share:
                 prepared = self._unshare(prepared)
             added = dict(prepared)
@@ -284,41 +299,81 @@ class EmbeddingCache:
                 inserted += self._insert(key, entry, keep)
         return inserted
 
-    def _layout_of(self, modality: str | None) -> tuple[int | None, Any]:
+    def _layout_of(self, modality: str | None, declared_only: bool = False) -> tuple[int | None, Any]:
         hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))
         dtype = self._dtypes.get(modality, self._dtypes.get(None))
-        learned = self._learned.get(modality)
-        if learned is not None:
+        held = None if declared_only else self._held.get(modality)
+        if held and len(held) == 1:
+            learned = next(iter(held))
             hidden = learned[0] if hidden is None else hidden
             dtype = learned[1] if dtype is None else dtype
         return hidden, dtype
 
-    def _check_layouts(self, prepared: list[tuple[int, tuple]]) -> None:
+    def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> None:
         batch: dict[str, tuple[int, Any]] = {}
+        replace: dict[str, tuple[int, Any]] = {}
+        seen: dict[str, set] = {}
+        for _, entry in prepared:
+            if entry[_MODALITY] is not None:
+                seen.setdefault(entry[_MODALITY], set()).add(entry[_LAYOUT][:2])
+        for modality, layouts in seen.items():
+            # A batch at odds with itself while no entry of its modality is held: the
+            # layout last learned (if it is one of the batch's) names the odd tensor out.
+            previous = self._forgotten.get(modality)
+            if len(layouts) > 1 and modality not in self._held and previous in layouts:
+                batch[modality] = previous
         for key, entry in prepared:
             modality = entry[_MODALITY]
             if modality is None:
                 continue
             hidden, dtype = entry[_LAYOUT][:2]
-            want_hidden, want_dtype = batch.get(modality) or self._layout_of(modality)
+            first = batch.get(modality)
+            want_hidden, want_dtype = first or self._layout_of(modality)
             if (want_hidden is not None and hidden != want_hidden) or (want_dtype is not None and dtype != want_dtype):
-                source = self._layout_source(modality)
-                raise CacheLayoutError(
-                    f"key {key}: a {modality} embedding of hidden size {hidden} and dtype {dtype}, but the cache holds"
-                    f" {modality} embeddings of hidden size {want_hidden} and dtype {want_dtype} ({source});"
-                    " nothing of this step was cached",
-                    key=key, modality=modality, got=(hidden, dtype), expected=(want_hidden, want_dtype),
-                )
+                declared_hidden, declared_dtype = self._layout_of(modality, declared_only=True)
+                if replace_learned and first is None and declared_hidden is None and hidden != want_hidden \
+                        and (declared_dtype is None or dtype == declared_dtype):
+                    replace[modality] = (hidden, dtype)
+                else:
+                    source = self._layout_source(modality) if first is None else (
+                        "an earlier tensor of this batch" if first != self._forgotten.get(modality) else
+                        f"the {modality} layout learned last, which other tensors of this batch share")
+                    raise CacheLayoutError(
+                        f"key {key}: a {modality} embedding of hidden size {hidden} and dtype {dtype}, but"
+                        f" {modality} embeddings must have hidden size {want_hidden} and dtype {want_dtype}"
+                        f" ({source}); nothing of this step was cached",
+                        key=key, modality=modality, got=(hidden, dtype), expected=(want_hidden, want_dtype),
+                    )
             batch.setdefault(modality, (hidden, dtype))
+        for modality, layout in replace.items():
+            self._replace_learned(modality, layout)
+
+    def _replace_learned(self, modality: str, layout: tuple) -> None:
+        """Evict every held ``modality`` entry of another hidden size than ``layout``'s."""
+        stale = [key for key, entry in self._entries.items()
+                 if entry[_MODALITY] == modality and entry[_LAYOUT][0] != layout[0]]
+        old = self._layout_of(modality)
+        for key in stale:
+            self._pop(key)
+            self._discarded += 1
+        log.warning(
+            "%s embeddings now have hidden size %d and dtype %s (outputs of a step merged into input_embeds of"
+            " that size); the %d cached %s entries of hidden size %s and dtype %s, a layout learned from them and"
+            " never declared, were evicted", modality, layout[0], layout[1], len(stale), modality, old[0], old[1],
+        )
+        self._forgotten.pop(modality, None)
 
     def _layout_source(self, modality: str) -> str:
         hidden = modality in self._hidden_sizes or None in self._hidden_sizes
         dtype = modality in self._dtypes or None in self._dtypes
+        held = sum(self._held.get(modality, Counter()).values())
+        learned = f"learned from the {held} {modality} {'entry' if held == 1 else 'entries'} the cache holds"
         if hidden and dtype:
-            return "as declared"
+            return f"declared for {modality}"
         if hidden or dtype:
-            return f"{'hidden size' if hidden else 'dtype'} as declared, the other learned from its first {modality} entry"
-        return f"learned from its first {modality} entry"
+            declared, other = ("hidden size", "dtype") if hidden else ("dtype", "hidden size")
+            return f"{declared} declared for {modality}, {other} " + (learned if held else "not yet known")
+        return learned if held else f"no {modality} layout declared or held"
 
     def _unshare(self, prepared: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
         """Entries whose tensor would be cached by reference in a storage another entry
@@ -427,7 +482,8 @@ class EmbeddingCache:
         with self._lock:
             self._entries.clear()
             self._layouts.clear()
-            self._learned.clear()
+            self._held.clear()
+            self._forgotten.clear()
             self._by_storage.clear()
             self._bytes = 0
 
@@ -506,14 +562,30 @@ class EmbeddingCache:
         layout = entry[_LAYOUT]
         _count(self._layouts, layout, sign)
         modality = entry[_MODALITY]
-        if sign > 0 and modality is not None and modality not in self._learned:
-            self._learned[modality] = layout[:2]
+        if modality is not None:
+            self._count_held(modality, layout[:2], sign)
         storage = storage_id(entry[_TENSOR])
         if storage is not None:
             if sign > 0:
                 self._by_storage[storage] = key
             elif self._by_storage.get(storage) == key:
                 del self._by_storage[storage]
+
+    def _count_held(self, modality: str, layout: tuple, sign: int) -> None:
+        held = self._held.get(modality)
+        if held is None:
+            held = self._held[modality] = Counter()
+            previous = self._forgotten.pop(modality, None)
+            if previous is not None and previous != layout:
+                log.warning(
+                    "%s embeddings now have hidden size %d and dtype %s, learned from new entries; the layout"
+                    " learned before (hidden size %d, dtype %s) was forgotten with the last entry that had it",
+                    modality, layout[0], layout[1], previous[0], previous[1],
+                )
+        _count(held, layout, sign)
+        if not held:
+            del self._held[modality]
+            self._forgotten[modality] = layout
 
     def _make_room(self, needed: int, key: int, keep) -> bool:
         """Evict unpinned LRU entries until ``needed`` more bytes fit. Decides first, so a

@@ -109,6 +109,18 @@ class CacheLayoutError(EncoderOutputError):
         super().__init__(message)
 
 
+class ConflictingHashError(InvalidItemError):
+    """One item hash names items of two modalities in one step (an image and a video of
+    the same length, say): which encoder and which cached modality it stands for would
+    depend on the rest of the batch, so the step is refused. ``item_hash`` and
+    ``modalities`` (the first seen, then the other) say which."""
+
+    def __init__(self, message: str, *, item_hash: object = None, modalities: tuple = ()) -> None:
+        self.item_hash = item_hash
+        self.modalities = modalities
+        super().__init__(message)
+
+
 class CacheStateError(MMScheduleError, RuntimeError):
     """The embedding cache was given something it cannot hold (a value that is not a
     tensor), or used in a state that should not happen."""

@@ -341,7 +341,7 @@ def get_embedding_and_mask(
             cursor += n
 
     encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
-    expected = Expected(packed.shape[-1] if packed is not None else None, device)
+    expected = Expected(packed.shape[-1] if packed is not None else None, device, "this chunk's other requests' rows")
     ranks = None
     if context.group is not None:
         from .ranks.videos import (
@@ -423,12 +423,17 @@ class _VideoStep:
                     break
         if self.ranks is None or not misses:
             self.found.update((misses[i], r) for i, r in mine.items())
-            return
-        shared = self.ranks.share_outputs(
-            owners, [n for _, n in misses], {i: (r.rows, r.counts) for i, r in mine.items()},
-            device=self.expected.device, check=lambda i, rows, counts: self._received(misses[i], rows, counts),
-        )
-        self.found.update((misses[i], _Resolved(rows, counts, False)) for i, (rows, counts) in shared.items())
+        else:
+            shared = self.ranks.share_outputs(
+                owners, [n for _, n in misses], {i: (r.rows, r.counts) for i, r in mine.items()},
+                device=self.expected.device, check=lambda i, rows, counts: self._received(misses[i], rows, counts),
+            )
+            self.found.update((misses[i], _Resolved(rows, counts, False)) for i, (rows, counts) in shared.items())
+        if self.ranks is not None:
+            failed = self.ranks.fault is not None
+            self.ranks.agree_frames([(self.units[u].index, self.units[u].hash, u[1]) for u in units],
+                                    [None if failed or u not in self.found else self.found[u].counts or []
+                                     for u in units])
 
     def _encode(self, video: _PrunedVideo, i: int, into: dict[int, _Resolved]) -> None:
         into[i] = _encoded(video, self.encoder, self.expected)

@@ -39,7 +39,7 @@ from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_tab
 from .cache import EmbeddingCache
 from .context import StepContext
 from .encode import Encoders, encode_misses
-from .errors import CacheLayoutError, InvalidItemError, KernelInputError
+from .errors import CachedEmbeddingError, CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
 from .kernels.segment_copy.contract import first_overlap
 from .plan import (
@@ -99,10 +99,11 @@ class StepResult:
 
 
 def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequence[Any],
-                   encoded: Sequence[int]) -> None:
+                   encoded: Sequence[int], expected: Expected) -> None:
     """Cache the validated encoder outputs, keeping this step's own hits from eviction.
     The cache checks them against its layout per modality under its lock, so two steps
-    racing to fill an empty cache cannot leave it holding both of two hidden sizes."""
+    racing to fill an empty cache cannot leave it holding both of two hidden sizes. A
+    step whose hidden size ``input_embeds`` proves replaces a learned layout of another."""
     if cache is None or not encoded:
         return
     keys, modalities = plan.keys, plan.modalities
@@ -112,7 +113,8 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
     else:
         pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
     try:
-        cache.insert_many(pairs, protect=protect, modalities=encoded_modalities)
+        cache.insert_many(pairs, protect=protect, modalities=encoded_modalities,
+                          replace_learned=expected.proven)
     except CacheLayoutError as exc:
         source = next((s for s in encoded if keys[s] == exc.key), None)
         if source is None:
@@ -138,17 +140,22 @@ def update_cache(cache: EmbeddingCache | None, *, evict: Sequence[int] = (),
 
 def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected) -> None:
     """What the cache holds (or was declared to hold) for each modality the step encodes,
-    into ``expected``, with the step's hits no such layout vouches for."""
+    into ``expected``, with the step's hits no such layout vouches for. In a step whose
+    hidden size ``input_embeds`` proves, a learned layout of another size binds nothing
+    (the step's inserts replace it)."""
     if cache is None or MISS not in plan.kinds:
         return
-    known = {}
+    known, sources = {}, {}
     for modality in set(plan.modalities):
         layout = cache.layout_of(modality)
+        if expected.proven and layout[0] is not None and layout[0] != expected.hidden:
+            layout = cache.layout_of(modality, declared_only=True)
         if layout != (None, None):
             known[modality] = layout
+            sources[modality] = cache.layout_source(modality)
     unvouched = [key for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities)
                  if kind is HIT and modality not in known] if plan.has_hits else []
-    expected.learn_cache_layouts(known, unvouched)
+    expected.learn_cache_layouts(known, unvouched, sources)
 
 
 def agree_across_ranks(plan: StepPlan, expected: Expected, context: StepContext) -> tuple[StepPlan, Any]:
@@ -170,7 +177,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     if ranks is not None:
         learn_cache_layouts(plan, cache, expected)
         tensors, encoded = ranks.prepare_rows(plan, encoders, expected, move_features=move_features)
-        insert_encoded(cache, plan, tensors, encoded)
+        insert_encoded(cache, plan, tensors, encoded, expected)
         return tensors
     tensors = check_sources(plan, expected)
     if not plan.encoder_batches:
@@ -179,7 +186,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     learn_cache_layouts(plan, cache, expected)
     outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
     encoded = check_outputs(plan, outputs, tensors, expected)
-    insert_encoded(cache, plan, tensors, encoded)
+    insert_encoded(cache, plan, tensors, encoded, expected)
     return tensors
 
 
@@ -358,6 +365,16 @@ def merge_chunk(
     columns = request_columns(as_requests(requests))
     flat = embeddings_2d(input_embeds)
     check_fused_rows(columns[2], columns[4], flat.shape[0])
+    plan = plan_columns(*columns, cache, context.max_tokens_per_encoder_call)
+    try:
+        return run_fused(plan, input_embeds, encoders, cache, context)
+    except CachedEmbeddingError as exc:
+        # A hit that input_embeds proves unfit (an entry of an earlier model or a faulty
+        # encoder call) was evicted before anything was encoded: plan once more, so the
+        # step encodes it instead of failing. With a process group every rank must take
+        # the same path, so the error stands (the ranks settle it).
+        if not getattr(exc, "before_encoding", False) or context.group is not None or cache is None:
+            raise
     plan = plan_columns(*columns, cache, context.max_tokens_per_encoder_call)
     return run_fused(plan, input_embeds, encoders, cache, context)
 

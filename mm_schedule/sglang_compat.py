@@ -49,9 +49,13 @@ _step_context = StepContext()
 _warned_uncached = False
 
 
-def init_mm_embedding_cache(max_size: int = 0) -> None:
+def init_mm_embedding_cache(max_size: int = 0, *, hidden_sizes: Any = None, dtypes: Any = None) -> None:
+    """A fresh ``embedding_cache`` of ``max_size`` bytes. ``hidden_sizes`` / ``dtypes``
+    (keywords beyond SGLang's signature): what every modality's embeddings look like, one
+    value or a mapping per modality; a declared layout refuses a faulty encoder output
+    even as the very first one (see ``EmbeddingCache``)."""
     global embedding_cache
-    embedding_cache = EmbeddingCache(max_size)
+    embedding_cache = EmbeddingCache(max_size, hidden_sizes=hidden_sizes, dtypes=dtypes)
 
 
 def set_step_context(context: StepContext) -> None:

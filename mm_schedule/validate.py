@@ -40,31 +40,35 @@ class Expected:
     each None where unknown; ``hidden_from`` says what fixed ``hidden`` (for messages);
     ``evict``: keys of cached entries found unfit, for the step to evict."""
 
-    __slots__ = ("device", "dtypes", "evict", "hidden", "hidden_from", "known", "unvouched")
+    __slots__ = ("device", "dtypes", "evict", "hidden", "hidden_from", "known", "proven", "sources", "unvouched")
 
     def __init__(self, hidden: int | None, device: Any, hidden_from: str = "input_embeds") -> None:
         self.hidden = hidden
         self.hidden_from = hidden_from if hidden is not None else ""
+        # The step's hidden size is a fact (``input_embeds`` of that size), not a guess.
+        self.proven = hidden is not None and hidden_from == "input_embeds"
         self.device = device
         self.dtypes: set = set()
         self.known: dict[str, tuple] = {}
+        self.sources: dict[str, str] = {}
         self.evict: list[int] = []
         self.unvouched: list[int] = []
 
-    def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int]) -> None:
+    def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int], sources: dict[str, str]) -> None:
         """What the cache holds per modality; fixes the step's hidden size when nothing
         else has and the modalities agree on one. ``unvouched``: the step's hits of
         modalities the cache knows no layout for (entries ``set`` without one): when
         they fixed the hidden size and an output disagrees, either side may be wrong,
         so they are evicted with the error rather than fail every later step."""
         self.known = known
+        self.sources = sources
         self.unvouched = unvouched
         if self.hidden is None:
             sizes = {hidden for hidden, _ in known.values() if hidden is not None}
             if len(sizes) == 1:
                 self.hidden = sizes.pop()
-                self.hidden_from = "what the cache holds for " + "/".join(
-                    m for m, (h, _) in known.items() if h == self.hidden)
+                self.hidden_from = "; ".join(
+                    sources.get(m, f"what the cache holds for {m}") for m, (h, _) in known.items() if h == self.hidden)
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -145,10 +149,12 @@ def check_hits(plan: StepPlan, expected: Expected) -> Sequence[Any]:
         if not _fits(hidden, dtype, expected) or (device.type == "meta") != _is_meta(expected.device):
             expected.evict.append(plan.keys[i])
             want = f"hidden size {expected.hidden}" if expected.hidden is not None else "a floating dtype"
-            raise CachedEmbeddingError(
+            error = CachedEmbeddingError(
                 f"{_labels(plan, [i])}: the cached embedding has hidden size {hidden} and dtype {dtype}"
                 f" on {device}, the step needs {want}; the entry was evicted and will be encoded again"
             )
+            error.before_encoding = True  # nothing encoded or cached yet: the step may be planned again
+            raise error
         if expected.device is not None and device != expected.device:
             tensors[i] = t.to(expected.device, non_blocking=True)
         _learn(expected, hidden, dtype, device if expected.device is None else expected.device)
@@ -231,7 +237,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
         for s, piece in zip(batch, pieces):
             known = expected.known.get(plan.modalities[s])
             if known is not None:
-                _check_known(plan, s, piece, known)
+                _check_known(plan, s, piece, known, expected.sources.get(plan.modalities[s], ""))
             if hit_storages and storage_id(piece) in hit_storages:
                 _overwritten_hit(plan, s, piece, hit_storages, expected)
             if encoder.copy_outputs and owns_storage(piece):
@@ -259,14 +265,14 @@ def _overwritten_hit(plan: StepPlan, s: int, piece: Any, hit_storages: dict, exp
     )
 
 
-def _check_known(plan: StepPlan, s: int, piece: Any, known: tuple) -> None:
+def _check_known(plan: StepPlan, s: int, piece: Any, known: tuple, source: str) -> None:
     hidden, dtype = known
     if (hidden is not None and piece.shape[-1] != hidden) or (dtype is not None and piece.dtype != dtype):
         modality = plan.modalities[s]
         raise CacheLayoutError(
             f"{_labels(plan, [s])}: the encoder output has hidden size {piece.shape[-1]} and dtype {piece.dtype};"
-            f" the cache holds {modality} embeddings of hidden size {hidden} and dtype {dtype}. Nothing of this"
-            " step was cached and no entry evicted (clear the cache if the model changed)",
+            f" {modality} embeddings must have hidden size {hidden} and dtype {dtype} ({source}). Nothing of this"
+            " step was cached and no entry evicted (discard those entries or clear the cache if the model changed)",
             key=plan.keys[s], modality=modality, got=(piece.shape[-1], piece.dtype), expected=known,
         )
 

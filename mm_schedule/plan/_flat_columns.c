@@ -15,7 +15,10 @@
  * Integers are handled as int64 only inside [-2**60, 2**60], where no sum below can
  * overflow; anything larger, and spans that are not (start, end) tuples or lists, go to
  * the general planner instead of being narrowed. The GIL is held throughout; attribute
- * reads may run Python code (properties), so every object in use holds a reference.
+ * reads, comparisons, hashing and len() may run the user's Python code (a property, an
+ * __ne__ that replaces the span being compared), so no borrowed reference is held across
+ * any of them: span ends are copied to C integers first, compared as fresh ints, and the
+ * caller's span objects are held strongly while their comparison runs.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -82,6 +85,23 @@ static int append_repeated(PyObject *list, Py_ssize_t value, Py_ssize_t times) {
     return 0;
 }
 
+/* ``given != value`` as Python evaluates it (the caller's object may define __ne__),
+ * against a fresh int: 1, 0, or -1 with an exception set. */
+static int compare_end(PyObject *given, int64_t value) {
+    PyObject *boxed = PyLong_FromLongLong(value);
+    if (boxed == NULL) {
+        return -1;
+    }
+    PyObject *result = PyObject_RichCompare(given, boxed, Py_NE);
+    Py_DECREF(boxed);
+    if (result == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(result);
+    Py_DECREF(result);
+    return truth;
+}
+
 enum { OK = 0, GIVE_UP = 1, FAILED = -1 };
 
 typedef struct {
@@ -92,11 +112,36 @@ typedef struct {
     Py_ssize_t n_sources;
 } Columns;
 
+/* c->last_name set to the name of item.modality (the last one looked up is kept). */
+static int item_modality(Columns *c, PyObject *item) {
+    PyObject *m = PyObject_GetAttr(item, s_modality);
+    if (m == NULL) {
+        return -1;
+    }
+    if (m != c->last_modality) {
+        int known = PyDict_Contains(c->names, m);
+        if (known < 0) {
+            Py_DECREF(m);
+            return -1;
+        }
+        PyObject *name = known ? PyObject_GetItem(c->names, m) : PyObject_CallOneArg(c->modality_name, m);
+        if (name == NULL) {
+            Py_DECREF(m);
+            return -1;
+        }
+        Py_XSETREF(c->last_name, name);
+        Py_XSETREF(c->last_modality, m); /* the reference GetAttr returned */
+        return 0;
+    }
+    Py_DECREF(m);
+    return 0;
+}
+
 /* One item of request r. */
 static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, Py_ssize_t *k, int64_t *prev_end,
                      int64_t prefix, int64_t end, int64_t token_shift) {
     int status = FAILED;
-    PyObject *offsets = NULL, *h = NULL, *m = NULL;
+    PyObject *offsets = NULL, *h = NULL;
     PyObject *pre = PyObject_GetAttr(item, s_precomputed);
     if (pre == NULL) {
         return FAILED;
@@ -126,6 +171,8 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
         status = GIVE_UP;
         goto done;
     }
+    /* s_obj and e_obj are borrowed from the item's span, which the Python code below may
+     * replace: from here on only the C copies s and e are used. */
     if (given != Py_None) {
         PyObject *g = PySequence_GetItem(given, *k);
         if (g == NULL) {
@@ -134,10 +181,14 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
         PyObject *gs, *ge;
         int differs = 1;
         if (span_pair(g, &gs, &ge)) {
-            differs = PyObject_RichCompareBool(gs, s_obj, Py_NE);
+            Py_INCREF(gs);
+            Py_INCREF(ge);
+            differs = compare_end(gs, s);
             if (differs == 0) {
-                differs = PyObject_RichCompareBool(ge, e_obj, Py_NE);
+                differs = compare_end(ge, e);
             }
+            Py_DECREF(gs);
+            Py_DECREF(ge);
         }
         Py_DECREF(g);
         if (differs < 0) {
@@ -193,23 +244,8 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
             goto done;
         }
         c->n_sources += 1;
-        m = PyObject_GetAttr(item, s_modality);
-        if (m == NULL) {
+        if (item_modality(c, item) < 0) {
             goto done;
-        }
-        if (m != c->last_modality) {
-            int known = PyDict_Contains(c->names, m);
-            if (known < 0) {
-                goto done;
-            }
-            PyObject *name = known ? PyObject_GetItem(c->names, m)
-                                   : PyObject_CallOneArg(c->modality_name, m);
-            if (name == NULL) {
-                goto done;
-            }
-            Py_XSETREF(c->last_name, name);
-            Py_INCREF(m);
-            Py_XSETREF(c->last_modality, m);
         }
         if (PyList_Append(c->modalities, c->last_name) < 0 || PyList_Append(c->first_items, item) < 0) {
             goto done;
@@ -232,6 +268,16 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
             status = GIVE_UP; /* one hash, two lengths: the general planner keeps them apart */
             goto done;
         }
+        if (item_modality(c, item) < 0) {
+            goto done;
+        }
+        PyObject *first_name = Py_NewRef(PyList_GET_ITEM(c->modalities, source));
+        int differs = PyObject_RichCompareBool(c->last_name, first_name, Py_NE);
+        Py_DECREF(first_name);
+        if (differs != 0) {
+            status = differs < 0 ? FAILED : GIVE_UP; /* one hash, two modalities: the general planner refuses it */
+            goto done;
+        }
         is_new = 0;
     }
     int64_t lo = whole ? s : (s > prefix ? s : prefix);
@@ -245,7 +291,6 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
 done:
     Py_XDECREF(offsets);
     Py_XDECREF(h);
-    Py_XDECREF(m);
     return status;
 }
 

@@ -125,6 +125,11 @@ def flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets) -
                 elif rows[source] != n:
                     return None  # one hash, two lengths: the general planner keeps them apart
                 else:
+                    m = item.modality
+                    if m is not modality:
+                        modality, name = m, names[m] if m in names else modality_name(m)
+                    if name != modalities[source]:
+                        return None  # one hash, two modalities: the general planner refuses it
                     new = False
                 if s >= prefix and e < end:
                     odd.append((len(seg_token_row), source, 0, n, item, False))

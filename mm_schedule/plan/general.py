@@ -3,7 +3,8 @@
 It handles what the flat planner leaves to it: items with several spans (video frames,
 image slices), whose modality group of a request is encoded together under one
 combined key, as SGLang does; precomputed embeddings; items listed out of position
-order; hash collisions between items of different lengths; and every malformed input,
+order; hash collisions between items of different lengths (one hash under two
+modalities is refused: ``ConflictingHashError``); and every malformed input,
 which it refuses with an error naming the request and the item. It plans every
 source that could be cached a miss; ``StepPlan.with_lookups`` then looks them up.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import InvalidItemError, PrecomputedEmbeddingError
+from ..errors import ConflictingHashError, InvalidItemError, PrecomputedEmbeddingError
 from ..items import as_index, check_spans, item_spans, modality_name, span_tokens, window_overlap
 from ..keys import combine_hashes, item_key
 from .columns import MISS, PRECOMPUTED, StepPlan
@@ -154,6 +155,13 @@ def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
     identity = (PRECOMPUTED, id(items[0]), rows) if precomputed else (per_item, key, rows)
     found = cols.by_identity.get(identity)
     if found is not None:
+        if cols.modalities[found] != modality:
+            raise ConflictingHashError(
+                f"request {index}: item hash {getattr(items[0], 'hash', None)!r} is a {modality} item, and"
+                f" request {cols.requests[found]} has a {cols.modalities[found]} item with the same hash and"
+                f" {rows} tokens; one hash names one embedding, so give the items distinct hashes",
+                item_hash=getattr(items[0], "hash", None), modalities=(cols.modalities[found], modality),
+            )
         return found
     source = len(cols.kinds)
     cols.by_identity[identity] = source

@@ -12,6 +12,8 @@ item, through the same collectives:
 2. ``share_outputs``: after this rank encoded its videos (all agreed misses, or with
    encoder parallelism its share), the ranks settle the outcome, and in parallel mode
    exchange the rows and frame counts, so every rank holds every video's result.
+   Then ``agree_frames``: every video's frame counts (from the cache or the encoder)
+   must be the same on every rank, or every rank raises ``RankFaultError``.
 3. ``finish``: after the rewrite of ``input_ids`` and the placeholder check, a fault
    on any rank is raised on all, before any rank changes its cache.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import EncoderOutputError
+from ..errors import EncoderOutputError, RankFaultError
 from .agreement import agree_misses
 from .exchange import DTYPE_CODES, dtype_of, exchange_rows
 from .faults import Fault, raise_agreed_fault, settle
@@ -105,6 +107,28 @@ class VideoRanks:
                 self.failed(exc, None, None)
                 break
         return out
+
+    def agree_frames(self, units: Sequence[tuple[int, Any, int]], counts: Sequence[Any]) -> None:
+        """Every video's frame counts (``counts[i]`` for ``units[i]``, its ``(request,
+        item hash, placeholder tokens)``; None where this rank has none) must be the same on every rank: the counts
+        decide where each rank moves the video's placeholders, so ranks that pruned one
+        video differently would build different ``input_ids``. Raises ``RankFaultError``
+        on every rank alike (they all compare the same gathered lists), before any cache
+        changes."""
+        mine = [None if c is None else [int(x) for x in c] for c in counts]
+        every = self.group.all_gather_objects(mine, "agreeing on EVS frame counts")
+        if any(len(theirs) != len(mine) or None in theirs for theirs in every):
+            return  # a rank failed before it knew every count: finish() raises its fault everywhere
+        for i, (unit, first) in enumerate(zip(units, every[0])):
+            odd = [rank for rank, theirs in enumerate(every) if theirs[i] != first]
+            if odd:
+                per_rank = ", ".join(f"rank {r}: {theirs[i]}" for r, theirs in enumerate(every))
+                request, item_hash, tokens = unit
+                raise RankFaultError(
+                    f"request {request}, EVS video item hash {item_hash!r} ({tokens} placeholder tokens): the ranks"
+                    f" pruned it to different frame token counts ({per_rank}), so their input_ids would differ;"
+                    " nothing of this step was cached", rank=odd[0], request=request, item_hash=item_hash,
+                )
 
     def finish(self) -> None:
         """The last meeting point of the step: a fault anywhere is raised everywhere."""

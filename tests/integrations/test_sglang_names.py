@@ -55,8 +55,11 @@ def _our_shape(value) -> object:
     if dataclasses.is_dataclass(value) and isinstance(value, type):
         return [f.name for f in dataclasses.fields(value)]
     if inspect.isfunction(value):
+        # Keyword-only parameters with defaults (the stand-in's additions) leave every
+        # call SGLang's signature allows unchanged.
         return [(p.name, None if p.default is inspect.Parameter.empty else p.default)
-                for p in inspect.signature(value).parameters.values()]
+                for p in inspect.signature(value).parameters.values()
+                if not (p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty)]
     return None
 
 

@@ -483,6 +483,42 @@ def evs_faults(rank: int, world: int, group, *, parallel: bool, mode: str) -> di
         mm_schedule.set_step_context(StepContext())
 
 
+class DivergentEVSEncoder(EVSEncoder):
+    """Prunes the first video the other way: one token moved from one frame to the next
+    (the same rows in all, other frame counts), as a rank with another pruning threshold."""
+
+    def __call__(self, items):
+        out = super().__call__(items)
+        if items[0].hash == 60_001:
+            kept = list(out.num_tokens_per_frame)
+            i = next(f for f, n in enumerate(kept) if n > 0)
+            kept[i] -= 1
+            kept[(i + 1) % len(kept)] += 1
+            out = EVSEmbeddingResult(embedding=out.embedding, num_tokens_per_frame=kept)
+        return out
+
+
+def evs_divergent(rank: int, world: int, group) -> dict:
+    """Without encoder parallelism every rank encodes every video: rank 1 prunes the first
+    one differently. Then the same step with every rank pruning alike."""
+    prompts = evs_prompts()
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=False, on_cache_hit=None))
+    record: dict = {"error": None}
+    try:
+        try:
+            _evs_call(DivergentEVSEncoder(prompts) if rank == 1 else EVSEncoder(prompts), prompts, 0)
+        except Exception as exc:
+            record["error"] = _error(exc)
+        record["held_after_fault"] = _evs_held(prompts)
+        enc = EVSEncoder(prompts)
+        rows, mask, ids = _evs_call(enc, prompts, 0)
+        record["after"] = {"rows": rows, "mask": mask, "ids": ids, "calls": list(enc.calls)}
+        return record
+    finally:
+        mm_schedule.set_step_context(StepContext())
+
+
 def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> dict:
     results = {}
     for parallel in (False, True):
@@ -496,6 +532,7 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
         results[("evs", parallel)] = evs_steps(rank, world, group, parallel=parallel)
         for mode in ("raise", "ids"):
             results[("evs_faults", parallel, mode)] = evs_faults(rank, world, group, parallel=parallel, mode=mode)
+    results["evs_divergent"] = evs_divergent(rank, world, group)
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["bad_entry"] = bad_entry(rank, world, group)
     results["many_keys"] = many_keys(rank, world, group)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import gc
 import random
+import re
 import shutil
 import sys
 import sysconfig
@@ -283,3 +284,104 @@ def test_wrong_arguments_are_refused():
         C_PASS([], [])
     with pytest.raises(TypeError, match="names must be a dict"):
         C_PASS([], [], [], [], [], [], modality_name, item_key)
+
+
+_MUTATING_NE = r"""
+import sys
+from mm_schedule import MMItem
+from mm_schedule.items import KNOWN_MODALITIES, modality_name
+from mm_schedule.keys import item_key
+from mm_schedule.plan import flat
+import torch
+
+class Replacing(int):
+    # Equal to the span's start; comparing it replaces the item's span (freeing the old
+    # one and its ends, which nothing else holds).
+    def __ne__(self, other):
+        item.offsets[0] = (int("2000"), int("2003"))
+        return int(self) != other
+
+def step():
+    global item
+    item = MMItem(hash=5, offsets=[(int("1000"), int("1003"))], feature=torch.zeros(1))
+    return [[item]], [990], [20], [[(Replacing(1000), int("1003"))]], [None]
+
+runs = [flat._flat_columns_c(*step(), KNOWN_MODALITIES, modality_name, item_key) for _ in range(200)]
+py = flat.flat_columns_py(*step())
+for got in runs:
+    assert got is not None and got[:4] == py[:4] and got[5:7] == py[5:7] and got[8] == py[8], (got, py)
+print("ok", py[1], py[5])
+"""
+
+
+def test_a_span_replaced_while_its_given_span_is_compared(tmp_path):
+    """A given span whose ``__ne__`` replaces the item's span: the C pass reads the ends it
+    copied before the comparison, never the freed ones (checked with the debug allocator,
+    which poisons freed memory), and plans what the Python pass plans."""
+    _needs_c_pass()
+    import os
+    import subprocess
+
+    script = tmp_path / "mutating_ne.py"
+    script.write_text(_MUTATING_NE)
+    env = {**os.environ, "PYTHONMALLOC": "debug"}
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["ok", "[4]", "[10]"]
+
+
+def _two_spans(first, second, prefix=0, extend=40):
+    items = [MMItem(hash=1, offsets=[first], feature=torch.zeros(1)),
+             MMItem(hash=2, offsets=[second], feature=torch.zeros(1))]
+    return [items], [prefix], [extend], [None], [None]
+
+
+def _general_outcome(step):
+    try:
+        plan = plan_general(*step, 7)
+    except Exception as exc:  # the outcome compared is the exception itself
+        return type(exc), str(exc)
+    return plan.n_rows, list(plan.rows)
+
+
+@pytest.mark.parametrize(("first", "second", "flat_shape", "rows"), [
+    ((0, 3), (3, 5), False, None),  # touching: position 3 claimed twice
+    ((0, 3), (4, 5), True, 6),      # adjacent, one past the boundary
+    ((0, 3), (2, 5), False, None),  # overlapping
+    ((0, 3), (0, 3), False, None),  # the same span twice
+    ((4, 6), (0, 3), False, 7),     # out of order: the general planner's shape, planned
+    ((4, 6), (0, 4), False, None),  # out of order and overlapping
+    ((0, 3), (5, 4), False, None),  # an end before its start
+    ((0, 3), (5, 5), True, 5),      # a one-token span
+])
+def test_touching_and_overlapping_spans_are_refused_by_both_passes(first, second, flat_shape, rows):
+    """Both sides of the ordering boundaries: the C and Python passes take or leave the
+    step alike, and the step's outcome (a plan of one row per position, or the general
+    planner's error) is the same whichever pass ran."""
+    _needs_c_pass()
+    step = _two_spans(first, second)
+    c, py = c_columns(*step), flat.flat_columns_py(*step)
+    _same_columns(c, py)
+    assert (c is not None) == flat_shape
+    if flat_shape:
+        assert sum(c[1]) == rows
+    general = _general_outcome(step)
+    if rows is None:
+        assert isinstance(general[0], type) and issubclass(general[0], ValueError), general
+        with pytest.raises(general[0], match=re.escape(general[1])):
+            plan_columns(*step, None, None)
+    else:
+        assert general[0] == rows and plan_columns(*step, None, None).n_rows == rows
+
+
+def test_window_boundaries_agree_on_both_sides():
+    """An item at positions 5..8 against every window edge just before, on and just
+    after it: both passes plan the positions inside the window, one row each."""
+    _needs_c_pass()
+    for prefix in range(0, 11):
+        for extend in range(1, 12):
+            step = _two_spans((5, 8), (12, 13), prefix=prefix, extend=extend)
+            c, py = c_columns(*step), flat.flat_columns_py(*step)
+            _same_columns(c, py)
+            inside = sum(prefix <= p < prefix + extend for p in (*range(5, 9), 12, 13))
+            assert plan_columns(*step, None, None).n_rows == inside, (prefix, extend)

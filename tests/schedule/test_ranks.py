@@ -358,3 +358,22 @@ def test_an_evs_fault_on_one_rank_raises_the_same_error_everywhere(run, parallel
     for s in seen:
         assert s["held_after_fault"] == {60_001: None, 60_002: None}
         assert _same_step(s["after"], want)
+
+
+def test_ranks_that_prune_one_video_differently_raise_everywhere_and_cache_nothing(run):
+    """Every rank encodes every video (no encoder parallelism); rank 1 keeps other frame
+    counts for the first video than the others: every rank raises the same RankFaultError
+    naming the video and each rank's counts, no rank caches a video of the step, and the
+    step then runs on every rank once they prune alike."""
+    _world, scenarios, records = run
+    seen = [rec["evs_divergent"] for rec in records]
+    errors = [s["error"] for s in seen]
+    assert all(e is not None and e["type"] == "RankFaultError" for e in errors), errors
+    assert all(e == errors[0] for e in errors)
+    assert errors[0]["item_hash"] == 60_001 and errors[0]["rank"] == 1 and errors[0]["request"] == 0
+    assert "pruned it to different frame token counts" in errors[0]["message"]
+    assert "rank 0: [" in errors[0]["message"] and "rank 1: [" in errors[0]["message"]
+    want = _evs_reference(scenarios, 0)
+    for s in seen:
+        assert s["held_after_fault"] == {60_001: None, 60_002: None}
+        assert _same_step(s["after"], want)

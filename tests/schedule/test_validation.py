@@ -129,10 +129,12 @@ BAD_ENTRIES = {
 @pytest.mark.parametrize("bad", sorted(BAD_ENTRIES))
 @pytest.mark.parametrize("fused", [False, True])
 def test_cached_entry_that_cannot_serve_is_evicted(backend, bad, fused):
-    """An entry put in through the SGLang-style ``set`` that does not fit the step raises,
-    is evicted, and the next step encodes the item again. (In packed mode a cached hidden
-    size that disagrees with a fresh encoder output cannot be told wrong from right: the
-    output is named, and the step's cached entries are evicted all the same.)"""
+    """An entry put in through the SGLang-style ``set`` that does not fit the step is
+    evicted and the item encoded again: in fused mode within the same step (input_embeds
+    proves the entry unfit before anything is encoded), in packed mode by the next step,
+    the first raising. (In packed mode a cached hidden size that disagrees with a fresh
+    encoder output cannot be told wrong from right: the output is named, and the step's
+    cached entries are evicted all the same.)"""
     cache = EmbeddingCache(1 << 20)
     cache.set(31, BAD_ENTRIES[bad](3))
     reqs = [RequestChunk(items=[image(30, 0, 2), image(31, 3, 3)], prefix=0, extend=6)]
@@ -147,10 +149,14 @@ def test_cached_entry_that_cannot_serve_is_evicted(backend, bad, fused):
 
     blamed_output = bad == "hidden" and not fused
     error = EncoderOutputError if blamed_output else CachedEmbeddingError
-    with pytest.raises(error, match="item hash 30: .*evicted" if blamed_output else "item hash 31: .*evicted"):
-        step()
-    assert not cache.contains(31) and cache.stats().discarded == 1
-    got, enc = step()
+    if fused:
+        got, enc = step()
+        assert cache.stats().discarded == 1 and torch.equal(cache.lookup(31), truth(31, 3))
+    else:
+        with pytest.raises(error, match="item hash 30: .*evicted" if blamed_output else "item hash 31: .*evicted"):
+            step()
+        assert not cache.contains(31) and cache.stats().discarded == 1
+        got, enc = step()
     assert enc.calls == [[30, 31]]
     assert torch.equal(got, naive_reference(reqs))
 

@@ -17,7 +17,7 @@ from ...encode import move_features_to
 from ...errors import EmbeddingLengthMismatch, EncoderOutputError
 from ...keys import combine_hashes
 from ...placeholders import marked_placeholders
-from ...planner import plan_columns
+from ...plan import plan_columns
 from ...scheduler import agree_across_ranks, prepare_rows, run_packed
 from ...sglang_compat import count_mm_tokens_in_extend, embedding_and_mask, get_embedding_chunk
 from ...validate import Expected, check_tensor

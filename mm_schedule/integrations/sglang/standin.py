@@ -114,11 +114,12 @@ def maybe_assert_sum(mask: torch.Tensor, expected: int, message: str) -> None:
         )
 
 
-def init_mm_embedding_cache(max_size: int = 0):
+def init_mm_embedding_cache(max_size: int = 0, *, hidden_sizes=None, dtypes=None):
     global embedding_cache
     # Until 0.5.20 SGLang caches split views as given; later releases clone them, as mm_schedule does.
     keeps_views = _profile.form("MultiModalStaticCache") == "views"
-    embedding_cache = MultiModalStaticCache(max_size, share_storage=keeps_views and not differences.own_storage)
+    embedding_cache = MultiModalStaticCache(max_size, share_storage=keeps_views and not differences.own_storage,
+                                            hidden_sizes=hidden_sizes, dtypes=dtypes)
 
 
 def get_embedding_chunk(

@@ -1,0 +1,132 @@
+"""A step's plan for one request does not depend on what else is in the batch: one hash
+under two modalities is refused (``ConflictingHashError``) whichever planner runs and
+whatever else the step holds, and adding unrelated requests never changes an existing
+request's rows, the encoder its items go to, or the cache entry they leave."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mm_schedule import EmbeddingCache, MMItem, RequestChunk, embed_chunk
+from mm_schedule.errors import ConflictingHashError, InvalidItemError
+from mm_schedule.plan import flat
+
+from .helpers import HIDDEN, truth
+
+MODALITIES = ("IMAGE", "VIDEO")
+
+
+class _ModalityEncoder:
+    """``truth`` rows scaled by a factor of its own, so rows show which encoder made them."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.hashes: list[int] = []
+
+    def __call__(self, items):
+        self.hashes += [it.hash for it in items]
+        return torch.cat([truth(it.hash, sum(e - s + 1 for s, e in it.offsets)) * self.factor for it in items])
+
+
+def _encoders():
+    return {"IMAGE": _ModalityEncoder(1.0), "VIDEO": _ModalityEncoder(-2.0)}
+
+
+def _video(h: int, start: int, frames: int = 2, length: int = 2) -> MMItem:
+    spans = [(start + f * (length + 1), start + f * (length + 1) + length - 1) for f in range(frames)]
+    return MMItem(modality="VIDEO", hash=h, offsets=spans, feature=torch.zeros(1))
+
+
+def _item(h: int, start: int, length: int, modality: str) -> MMItem:
+    return MMItem(modality=modality, hash=h, offsets=[(start, start + length - 1)], feature=torch.zeros(1))
+
+
+@pytest.mark.parametrize("with_c_pass", [True, False], ids=["c-pass", "python-pass"])
+@pytest.mark.parametrize("extra", ["none", "two-span video", "plain image"])
+def test_one_hash_under_two_modalities_is_refused_whatever_else_is_in_the_step(monkeypatch, with_c_pass, extra):
+    if not with_c_pass:
+        monkeypatch.setattr(flat, "_flat_columns_c", None)
+    conflicting = [RequestChunk(items=[_item(7, 0, 3, "VIDEO"), _item(7, 4, 3, "IMAGE")], prefix=0, extend=8)]
+    others = {"none": [], "two-span video": [RequestChunk(items=[_video(90, 0)], prefix=0, extend=6)],
+              "plain image": [RequestChunk(items=[_item(91, 0, 2, "IMAGE")], prefix=0, extend=3)]}[extra]
+    for reqs in (conflicting + others, others + conflicting):
+        cache = EmbeddingCache(1 << 20)
+        encoders = _encoders()
+        with pytest.raises(ConflictingHashError, match=r"item hash 7 is a IMAGE item, and request \d+ has a VIDEO"
+                                                       r" item with the same hash") as info:
+            embed_chunk(reqs, encoders, cache=cache)
+        assert info.value.item_hash == 7 and set(info.value.modalities) == {"IMAGE", "VIDEO"}
+        assert isinstance(info.value, InvalidItemError)
+        assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []
+
+
+@st.composite
+def _request(draw, hashes, base: int):
+    """One request of random images and videos (some of two or three spans), hashes drawn
+    from ``hashes``: a hash keeps one shape within a draw, and its modality usually (a
+    hash drawn again may come as the other modality: a conflict the step must refuse)."""
+    items, pos = [], draw(st.integers(0, 3))
+    shapes: dict[int, tuple] = {}
+    for _ in range(draw(st.integers(1, 4))):
+        h = draw(st.sampled_from(hashes))
+        if h not in shapes:
+            shapes[h] = (draw(st.sampled_from(MODALITIES)), draw(st.integers(1, 3)), draw(st.integers(1, 4)))
+        modality, spans, length = shapes[h]
+        if spans == 1 and draw(st.integers(0, 3)) == 0:
+            modality = "IMAGE" if modality == "VIDEO" else "VIDEO"
+        if spans > 1 and modality == "VIDEO":
+            item = _video(h, pos, spans, length)
+        else:
+            item = _item(h, pos, length, modality)
+        items.append(item)
+        pos = item.offsets[-1][1] + 1 + draw(st.integers(0, 2))
+    prefix = draw(st.integers(0, 2))
+    return RequestChunk(items=items, prefix=prefix, extend=pos + 1 - prefix)
+
+
+def _outcome(reqs, index):
+    """Request ``index``'s rows, which encoder got each of its hashes, and the entries
+    cached under its items' keys; or the error the step raised."""
+    cache, encoders = EmbeddingCache(1 << 24), _encoders()
+    try:
+        result = embed_chunk(reqs, encoders, cache=cache)
+    except InvalidItemError as exc:
+        return type(exc).__name__
+    plan = result.plan
+    rows = [result.embedding[p : p + n] for p, n, r in zip(plan.seg_packed_row, plan.seg_rows, plan.seg_request)
+            if r == index]
+    own = {it.hash for it in reqs[index].items}
+    by_encoder = {m: sorted(h for h in enc.hashes if h in own) for m, enc in encoders.items()}
+    entries = {}
+    for key, request, modality in zip(plan.keys, plan.requests, plan.modalities):
+        if request == index and cache.contains(key):
+            entries[key] = (modality, cache.lookup(key))
+    return torch.cat(rows) if rows else torch.empty(0, HIDDEN), by_encoder, entries
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_unrelated_requests_never_change_a_request_plan(data):
+    base = data.draw(_request(list(range(1, 6)), 0))
+    others = data.draw(st.lists(_request(list(range(100, 110)), 1), min_size=1, max_size=3))
+    before = data.draw(st.integers(0, len(others)))
+    alone = _outcome([base], 0)
+    together = _outcome([*others[:before], base, *others[before:]], before)
+    if isinstance(alone, str):
+        assert together == alone  # a conflict inside the request is refused in any company
+        return
+    if isinstance(together, str):
+        # The unrelated requests have hashes of their own: only a conflict among them
+        # can refuse the step, and it refuses them without the base request too.
+        assert isinstance(_outcome(others, 0), str)
+        return
+    rows, by_encoder, entries = alone
+    rows2, by_encoder2, entries2 = together
+    assert torch.equal(rows, rows2)
+    assert by_encoder == by_encoder2
+    assert entries.keys() == entries2.keys()
+    for key, (modality, tensor) in entries.items():
+        assert entries2[key][0] == modality and torch.equal(entries2[key][1], tensor)

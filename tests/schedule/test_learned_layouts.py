@@ -1,0 +1,165 @@
+"""A cache layout is never learned from one unverified output for good: a bad first step
+(hidden size 15 where the model's is 16), then ten good ones, through ``embed_chunk``,
+``merge_chunk`` and the SGLang drop-in, on both assembly backends."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+import mm_schedule
+from mm_schedule import (
+    EmbeddingCache,
+    MMItem,
+    RequestChunk,
+    embed_chunk,
+    get_embedding_and_mask,
+    merge_chunk,
+)
+from mm_schedule.errors import EncoderOutputError
+
+from .conftest import BACKENDS
+from .helpers import CountingEncoder, naive_reference, truth
+
+pytestmark = pytest.mark.parametrize("backend", BACKENDS, indirect=True)
+
+GOOD, BAD = 16, 15
+PAD = 7
+
+
+def _request(hashes: list[int], rng: random.Random) -> RequestChunk:
+    items, start = [], rng.randint(0, 2)
+    for h in hashes:
+        length = rng.randint(1, 4)
+        items.append(MMItem(modality="IMAGE", hash=h, offsets=[(start, start + length - 1)],
+                            feature=torch.zeros(1), pad_value=PAD))
+        start += length + rng.randint(0, 2)
+    return RequestChunk(items=items, prefix=0, extend=start + 1)
+
+
+def _good_steps(rng: random.Random, first_hash: int, reuse: int | None = None) -> list[list[RequestChunk]]:
+    """Ten steps of new items; with ``reuse``, each step also asks for that item again."""
+    steps = []
+    for i in range(10):
+        hashes = [first_hash + 2 * i, first_hash + 2 * i + 1] + ([] if reuse is None else [reuse])
+        steps.append([_request(hashes, rng)])
+    return steps
+
+
+def _merged(reqs, encoder, cache, hidden=GOOD) -> torch.Tensor:
+    total = sum(r.extend for r in reqs)
+    embeds = torch.full((total, hidden), float("nan"))
+    merge_chunk(embeds, reqs, encoder, cache=cache)
+    rows = [p for r in reqs for it in r.items for s, e in it.offsets for p in range(s, e + 1)]
+    return embeds[sorted(rows)]
+
+
+def _drop_in(reqs, encoder) -> torch.Tensor:
+    (req,) = reqs
+    ids = torch.arange(100, 100 + req.extend)
+    for it in req.items:
+        for s, e in it.offsets:
+            ids[s : e + 1] = PAD
+    emb, mask, _ = get_embedding_and_mask(
+        encoder, list(req.items), torch.tensor([PAD]), ids, [0, len(req.items)], [0], [req.extend],
+        [[span for it in req.items for span in it.offsets]],
+    )
+    assert int(mask.sum()) == emb.shape[0]
+    return emb
+
+
+def test_merge_after_a_bad_warm_up_replaces_the_learned_layout(backend, caplog):
+    """A warm-up step merged into input_embeds of the wrong size (a dummy model) cached
+    hidden-15 entries; real steps (input_embeds of 16) prove their size, so the learned
+    layout is replaced, the stale entries evicted, and the log says so."""
+    rng = random.Random(1)
+    cache = EmbeddingCache(1 << 20)
+    warm_up = [_request([1, 2], rng)]
+    _merged(warm_up, CountingEncoder(hidden=BAD), cache, hidden=BAD)
+    assert cache.layout_of("IMAGE") == (BAD, torch.float32) and len(cache) == 2
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        for reqs in _good_steps(rng, 100, reuse=1):
+            enc = CountingEncoder(hidden=GOOD)
+            assert torch.equal(_merged(reqs, enc, cache), naive_reference(reqs, GOOD))
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32)
+    assert "IMAGE embeddings now have hidden size 16" in caplog.text
+    assert not cache.contains(2)  # the stale warm-up entry went with its layout
+    entry = cache.lookup(1)
+    assert torch.equal(entry, truth(1, entry.shape[0], GOOD))
+
+
+def test_merge_refuses_a_bad_first_output_and_caches_nothing(backend):
+    rng = random.Random(2)
+    cache = EmbeddingCache(1 << 20)
+    with pytest.raises(EncoderOutputError, match=r"item hash 1: .*hidden size 15, expected 16 \(input_embeds\)"):
+        _merged([_request([1], rng)], CountingEncoder(hidden=BAD), cache)
+    assert len(cache) == 0 and cache.layout_of("IMAGE") == (None, None)
+    for reqs in _good_steps(rng, 100, reuse=1):
+        assert torch.equal(_merged(reqs, CountingEncoder(hidden=GOOD), cache), naive_reference(reqs, GOOD))
+
+
+@pytest.mark.parametrize("api", ["embed_chunk", "drop-in"])
+def test_packed_after_a_bad_first_step_recovers_once_its_entries_are_gone(backend, api, caplog):
+    """Packed mode cannot tell the bad first entry from a good later output: while it is
+    held, a disagreeing output is refused with that entry named as the reason; once it is
+    gone (discarded, freed, or evicted by a fused step), the layout goes with it and ten
+    good steps run, the log saying the layout changed."""
+    rng = random.Random(3)
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    cache = mm_schedule.sglang_compat.embedding_cache if api == "drop-in" else EmbeddingCache(1 << 20)
+
+    def step(reqs, encoder):
+        return _drop_in(reqs, encoder) if api == "drop-in" else embed_chunk(reqs, encoder, cache=cache).embedding
+
+    bad = [_request([1], rng)]
+    assert step(bad, CountingEncoder(hidden=BAD)).shape[-1] == BAD
+    good = _good_steps(rng, 100)
+    with pytest.raises(EncoderOutputError, match=r"expected 15 \(learned from the 1 IMAGE entry the cache holds\)"):
+        step(good[0], CountingEncoder(hidden=GOOD))
+    assert len(cache) == 1  # nothing of the refused step cached
+    cache.free(1)
+    assert cache.layout_of("IMAGE") == (None, None)
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        for reqs in good:
+            assert torch.equal(step(reqs, CountingEncoder(hidden=GOOD)), naive_reference(reqs, GOOD))
+    assert "the layout learned before (hidden size 15" in caplog.text
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32) and len(cache) == 20
+
+
+@pytest.mark.parametrize("api", ["embed_chunk", "drop-in"])
+def test_a_declared_layout_refuses_the_bad_first_step(backend, api):
+    rng = random.Random(4)
+    if api == "drop-in":
+        mm_schedule.init_mm_embedding_cache(1 << 20, hidden_sizes={"IMAGE": GOOD}, dtypes=torch.float32)
+        cache = mm_schedule.sglang_compat.embedding_cache
+    else:
+        cache = EmbeddingCache(1 << 20, hidden_sizes=GOOD)
+
+    def step(reqs, encoder):
+        return _drop_in(reqs, encoder) if api == "drop-in" else embed_chunk(reqs, encoder, cache=cache).embedding
+
+    with pytest.raises(EncoderOutputError, match=r"item hash 1: .*hidden size 15, expected 16 \((hidden size )?declared for IMAGE"):
+        step([_request([1], rng)], CountingEncoder(hidden=BAD))
+    assert len(cache) == 0
+    for reqs in _good_steps(rng, 100, reuse=1):
+        assert torch.equal(step(reqs, CountingEncoder(hidden=GOOD)), naive_reference(reqs, GOOD))
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32)
+
+
+def test_a_fused_step_evicts_a_bad_entry_then_packed_steps_run(backend):
+    """The attack as reported: the bad entry is evicted by a step that proves it unfit,
+    and no layout stays behind it, so later packed steps of new items are not refused."""
+    rng = random.Random(5)
+    cache = EmbeddingCache(1 << 20)
+    bad = [_request([1], rng)]
+    embed_chunk(bad, CountingEncoder(hidden=BAD), cache=cache)
+    fused = [_request([1, 50], rng)]
+    enc = CountingEncoder(hidden=GOOD)
+    assert torch.equal(_merged(fused, enc, cache), naive_reference(fused, GOOD))
+    assert sorted(h for call in enc.calls for h in call) == [1, 50]  # the unfit hit encoded in the same step
+    for reqs in _good_steps(rng, 100):
+        assert torch.equal(embed_chunk(reqs, CountingEncoder(hidden=GOOD), cache=cache).embedding,
+                           naive_reference(reqs, GOOD))
