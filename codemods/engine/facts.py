@@ -54,10 +54,9 @@ class FileFacts:
         # only files with suppression comments ask: PositionProvider costs a code generation
         return self.wrapper.resolve(PositionProvider)
 
-    def line_span(self, node: cst.CSTNode) -> tuple[int, int]:
-        """First and last line of ``node``'s own text."""
-        where = self._positions[node]
-        return where.start.line, where.end.line
+    def first_line(self, node: cst.CSTNode) -> int:
+        """The line ``node``'s own text starts on."""
+        return self._positions[node].start.line
 
     @cached_property
     def referents(self) -> dict[cst.CSTNode, Sequence]:

@@ -62,6 +62,7 @@ def test_a_rule_added_to_the_table_is_asked_by_the_gate_and_run(move_map, monkey
     source = 'x = "mm_utils-probe"\n'  # mentions the old module's base name, nothing any rule cares about
     assert migrate_source(source, move_map, path="t.py").findings == []
     monkeypatch.setattr(rules, "RULES", (*rules.RULES, probe))
+    monkeypatch.setattr(rules, "DEFAULT_SELECTION", rules.DEFAULT_SELECTION | {"MMS999"})
     outcome = migrate_source(source, move_map, path="t.py")
     assert seen == ["t.py"] and [f.code for f in outcome.findings] == ["MMS999"]
 
