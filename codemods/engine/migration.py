@@ -25,8 +25,8 @@ class Migration:
     @classmethod
     def start(cls, module: cst.Module, move_map: MoveMap, package: str | None, path: str,
               suppressions: Suppressions | None = None,
-              selected: Collection[str] | None = None) -> Migration:
-        facts = FileFacts.read(module, move_map, package, path)
+              selected: Collection[str] | None = None, source: bytes | None = None) -> Migration:
+        facts = FileFacts.read(module, move_map, package, path, source)
         return cls(facts, Edits(taken_names=set(facts.found.names_seen)), Reporter(),
                    suppressions, selected)
 

@@ -54,16 +54,17 @@ SEGMENT_ABOVE = 256 * 1024
 def migrate_module(
     module: cst.Module, move_map: MoveMap, *, path: str = "<string>", package: str | None = None,
     taken_names: Iterable[str] = (), suppressions: Suppressions | None = None,
-    selected: Collection[str] | None = None,
+    selected: Collection[str] | None = None, source: bytes | None = None,
 ) -> tuple[cst.Module, list[Finding]]:
     """Apply ``move_map`` to a freshly parsed module (it must not share nodes).
     ``taken_names``: names bound in parts of the file the module does not contain.
     ``suppressions``: the file's suppression comments; the rules leave what they hold
     back alone (the findings they silence are filtered by ``migrate_source``).
     ``selected``: the codes to act on (default: ``rules.DEFAULT_SELECTION``); the others
-    are neither applied nor reported."""
+    are neither applied nor reported. ``source``: the text ``module`` was parsed from
+    (lets names bound simply skip the scope analysis)."""
     selected = rule_table.DEFAULT_SELECTION if selected is None else selected
-    migration = Migration.start(module, move_map, package, path, suppressions, selected)
+    migration = Migration.start(module, move_map, package, path, suppressions, selected, source)
     migration.edits.taken_names.update(taken_names)
     for rule in rule_table.RULES:
         rule.plan(migration)
@@ -141,7 +142,7 @@ def _libcst_pass(
         module = cst.parse_module(source)
         new_module, findings = migrate_module(module, move_map, path=path, package=package,
                                               taken_names=taken_names, suppressions=suppressions,
-                                              selected=selected)
+                                              selected=selected, source=source)
         return new_module.bytes, findings
     finally:
         if paused:

@@ -94,8 +94,7 @@ def _move_binding_whole(m: Migration, site: ImportSite, assignment, group) -> bo
     if len(dests) != 1 or id(site) in edits.kept_sites:
         return False
     dest = dests.pop()
-    scope = facts.scopes.get(site.node)
-    if scope is None or len(list(scope.assignments[assignment.name])) != 1:
+    if not facts.only_binding(site, assignment.name, own_scope=True):
         return False
     used = {id(attribute.value) for attribute, _, _ in group}
     references = list(assignment.references)
