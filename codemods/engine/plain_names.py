@@ -1,5 +1,7 @@
 """Names that need no scope analysis: bound once in the whole file, by a module-level
-import, and never declared ``global``/``nonlocal``, deleted or named in a string.
+import, and never declared ``global``/``nonlocal``, deleted or named in a string that
+may be a type (one libcst's scope analysis reads names in: in an annotation, in a
+subscript, in the arguments of ``cast``, ``TypeVar`` or ``NewType``).
 
 Every read of such a name is a read of that import, whatever scope it is in, so the
 uses of the binding are simply the reads of the name (``collect`` lists them). That is
@@ -17,6 +19,25 @@ from collections import Counter
 from dataclasses import dataclass
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_TYPE_CALLS = frozenset({"cast", "TypeVar", "NewType"})
+
+
+def _typed_children(node: ast.AST, kind: type) -> tuple:
+    """The children of ``node`` where a string may be read as a type."""
+    if kind is ast.arg:
+        return (node.annotation,)
+    if kind in (ast.FunctionDef, ast.AsyncFunctionDef):
+        return (node.returns,)
+    if kind is ast.AnnAssign:
+        return (node.annotation,)
+    if kind is ast.Subscript:
+        return (node.slice,)
+    if kind is ast.Call:
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in _TYPE_CALLS:
+            return (*node.args, *node.keywords)
+    return ()
 
 
 @dataclass(frozen=True)
@@ -35,9 +56,9 @@ class PlainNames:
         module_imports: set[str] = set()
         blocked: set[str] = set()
         strings: list[str] = []
-        stack: list[tuple[ast.AST, bool]] = [(tree, True)]
+        stack: list[tuple[ast.AST, bool, bool]] = [(tree, True, False)]
         while stack:
-            node, at_module = stack.pop()
+            node, at_module, typed = stack.pop()
             kind = type(node)
             if kind is ast.Name:
                 if not isinstance(node.ctx, ast.Load):
@@ -46,7 +67,7 @@ class PlainNames:
                         blocked.add(node.id)
                 continue
             if kind is ast.Constant:
-                if isinstance(node.value, str):
+                if typed and isinstance(node.value, str):
                     strings.append(node.value)
                 continue
             if kind in (ast.Import, ast.ImportFrom):
@@ -70,7 +91,9 @@ class PlainNames:
                 if kind is not ast.Lambda:
                     counts[node.name] += 1
                 at_module = False
-            stack.extend((child, at_module) for child in ast.iter_child_nodes(node))
+            typed_children = _typed_children(node, kind)
+            stack.extend((child, at_module, typed or child in typed_children)
+                         for child in ast.iter_child_nodes(node))
         names = frozenset(
             name for name in module_imports
             if counts[name] == 1 and name not in blocked and not any(name in s for s in strings)

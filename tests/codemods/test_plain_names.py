@@ -35,6 +35,9 @@ PARTS = [
     "__all__ = ['mm_utils']\n",
     "import sglang.srt.managers.mm_utils as m3\nr = m3._is_hip\n",
     "q = mm_utils\n",
+    "from unittest import mock\nmock.patch('sglang.srt.managers.mm_utils.get_embedding_chunk')\n",
+    "from typing import List\np: List['mm_utils.PerImageRequestInfo'] = []\n",
+    "from typing import cast\no = cast('mm_utils.PerImageRequestInfo', None)\n",
 ]
 
 
@@ -72,7 +75,13 @@ def test_random_mixtures_give_what_scope_analysis_gives(move_map, monkeypatch):
     (HEAD + "def k():\n    nonlocal mm_utils\n", set()),
     (HEAD + "(mm_utils := 1)\n", set()),
     (HEAD + "class mm_utils:\n    pass\n", set()),
-    (HEAD + "s = 'uses mm_utils'\n", set()),
+    (HEAD + "s = 'sglang.srt.managers.mm_utils.x'\n", {"mm_utils"}),  # a plain string
+    (HEAD + "def f(a: 'mm_utils.X') -> None:\n    pass\n", set()),
+    (HEAD + "def f() -> 'mm_utils.X':\n    pass\n", set()),
+    (HEAD + "x: List['mm_utils.X'] = []\n", set()),
+    (HEAD + "y = d['mm_utils']\n", set()),
+    (HEAD + "z = typing.cast('mm_utils.X', None)\n", set()),
+    (HEAD + "T = TypeVar('T', bound='mm_utils.X')\n", set()),
     (HEAD + "def f():\n    import os\n", {"mm_utils"}),  # os: bound inside a function
     ("def f():\n    from sglang.srt.managers import mm_utils\n", set()),
     ("import a.b.c\n", {"a"}),
@@ -91,7 +100,8 @@ def test_files_whose_bindings_are_not_counted_have_no_plain_names(source):
 
 
 def test_a_plainly_bound_module_is_migrated_without_scope_analysis(move_map, monkeypatch):
-    source = HEAD + PARTS[0] + PARTS[1] + PARTS[2] + "from unittest import mock\nmock.patch('x')\n"
+    source = (HEAD + PARTS[0] + PARTS[1] + PARTS[2] + "from unittest import mock\n"
+              "mock.patch('sglang.srt.managers.mm_utils.get_embedding_chunk')\n")
 
     def refuse(self):
         raise AssertionError("scope analysis was asked for")
@@ -101,4 +111,4 @@ def test_a_plainly_bound_module_is_migrated_without_scope_analysis(move_map, mon
     text = outcome.new_source.decode()
     assert "from sglang.srt.managers import mm_schedule\n" in text
     assert "mm_utils" not in text  # every use moved, so the binding was retargeted whole
-    assert len(outcome.findings) == 4
+    assert len(outcome.findings) == 5
