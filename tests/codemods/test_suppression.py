@@ -280,3 +280,18 @@ def test_an_unused_noqa_code_is_reported_like_an_unused_ignore(move_map):
                              report_unused_suppressions=True)
     assert outcome.new_source is None
     assert [(f.code, f.symbol) for f in outcome.findings] == [("MMS016", "MMS005")]
+
+
+@pytest.mark.parametrize("statement, use, code", [
+    # a backslash continuation: the comment can only end the last line
+    ("from sglang.srt.managers.mm_utils \\\n    import *", "get_embedding_chunk()\n", "MMS006"),
+    # a docstring's doctest: the comment follows the closing quotes
+    ('def f():\n    """\n    >>> from sglang.srt.managers.mm_utils import get_embedding_chunk\n    """',
+     "", "MMS014"),
+], ids=["star-imports", "doc-references"])
+def test_a_suppression_after_the_last_line_covers_a_finding_on_the_first(move_map, statement, use, code):
+    plain = migrate_source(f"{statement}\n{use}", move_map, path="t.py", package="app")
+    assert code in [f.code for f in plain.findings]
+    suppressed = migrate_source(f"{statement}  {IGNORE}[{code}]\n{use}", move_map, path="t.py",
+                                package="app", report_unused_suppressions=True)
+    assert [f.code for f in suppressed.findings if f.code in (code, "MMS016")] == []
