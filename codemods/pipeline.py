@@ -28,7 +28,7 @@ from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
 from .report.failures import Failure, os_reason
 from .report.run_report import FileResult, RunReport, printable
 from .report.suppression import MARKER
-from .rules.fork import fork_warnings, rewrite_targets, settle
+from .rules.fork import fork_files, fork_warnings, settle, spare
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
 from .workspace.discovery import Discovery, discover, excluded_stdin, shown
@@ -152,7 +152,9 @@ def run(args) -> int:
         return _run_stdin(args, move_map, map_path)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
-    forks = fork_warnings([shown(item.real) for item in found.files], move_map)
+    own = fork_files([item.real for item in found.files], [f.snapshot.path for f in files], move_map)
+    forks = fork_warnings([shown(path) for path in own], move_map)
+    move_map = spare(move_map, own)
     _migrate(args, move_map, files)
     by_path = {f.result.shown: f.result for f in files}
     forks = _fork_notices(forks, move_map, files)
@@ -189,15 +191,20 @@ def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
                             "(force-exclude)"), file=sys.stderr)
     else:
         pattern = None
+    notices: list[FileResult] = []
     if not pattern:
         package = package_for(path, Path.cwd()) if args.stdin_filename else None
+        own = fork_files([], [path], move_map) if args.stdin_filename else []
+        forks = fork_warnings([shown(p) for p in own], move_map)
+        move_map = spare(move_map, own)
         files.append(_File(result, Snapshot(path, data, 0, 0), package, path.suffix == ".ipynb"))
         _migrate(args, move_map, files, write=False)
         result.written = args.mode == "write" and result.changes and not result.error
+        notices = _fork_notices(forks, move_map, files)
     report = RunReport(args.mode, {"old_module": move_map.old_module,
                                    "new_module": move_map.new_module,
                                    "source": map_path or "builtin"},
-                       [result], 1, len(files), [], [])
+                       [result, *notices], 1, len(files), [], [])
     output = (result.new if result.written else data) if args.mode == "write" else None
     return _finish(args, report, stdout_source=output)
 
@@ -251,9 +258,9 @@ def _fork_notices(warnings, move_map: MoveMap, files: list[_File]) -> list[FileR
     reported as a finding."""
     if not warnings:
         return []
-    targets = rewrite_targets(f for file in files for f in file.result.findings)
     notices = []
-    for finding in settle(warnings, move_map, targets, _acknowledged):
+    findings = [f for file in files for f in file.result.findings]
+    for finding in settle(warnings, move_map, findings, _acknowledged):
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices

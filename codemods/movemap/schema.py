@@ -275,6 +275,13 @@ class MoveMap:
         """Every name whose use through the old module needs an edit or a finding."""
         return frozenset(self.moved) | frozenset(self.import_origins) | self.gone
 
+    def sparing(self, names: set[str]) -> MoveMap:
+        """This map with ``names`` no longer reported as gone (a fork's own old module
+        still binds them)."""
+        return replace(self, removed=self.removed - names,
+                       unmapped_imports={k: v for k, v in self.unmapped_imports.items() if k not in names},
+                       earlier={k: v for k, v in self.earlier.items() if k not in names})
+
     def destination(self, name: str) -> str | None:
         """The module a name imported from ``old_module`` should now come from, or None if it stays."""
         if name in self.moved:
