@@ -425,4 +425,4 @@ def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
         return EXIT_FAILED
     if args.mode == "write":
         return EXIT_REMAINING if summary["manual"] else EXIT_OK
-    return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK
+    return EXIT_REMAINING if report.fails_check() else EXIT_OK

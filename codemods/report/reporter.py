@@ -34,12 +34,19 @@ class Reporter:
         """The code a rewrite of ``name`` is reported with."""
         if name in self.map.import_origins and name not in self.map.moved:
             return "MMS003"
+        optional = _optional_code(self.map, name)
+        if optional:
+            return optional
         return "MMS002" if self.map.moved[name].private else "MMS001"
 
     def move(self, node: cst.CSTNode, name: str, dest: str, how: str) -> None:
         """A rewrite of ``name`` to ``dest``, worded by what kind of move it is."""
         old = self.map.old_module
-        if name in self.map.import_origins and name not in self.map.moved:
+        optional = _optional_code(self.map, name)
+        if optional:
+            self(node, optional, name, f"{how}: {name!r} moved to {dest}; {old} still "
+                 "re-exports it, so this rewrite is optional", True)
+        elif name in self.map.import_origins and name not in self.map.moved:
             self(node, "MMS003", name,
                  f"{how}: {old} only imported {name!r}; now from its origin {dest}", True)
         elif self.map.moved[name].private:
@@ -62,3 +69,10 @@ class Reporter:
         else:
             self(node, "MMS009", name, f"{name!r} was removed from {old} and has no "
                  "new home; rewrite this use by hand", False)
+
+
+def _optional_code(move_map: MoveMap, name: str) -> str | None:
+    # imported here: the rules package imports this module while it loads
+    from ..rules.reexports import code_for
+
+    return code_for(move_map, name)

@@ -19,6 +19,7 @@ from . import (
     module_attributes,
     module_slots,
     prune_bindings,
+    reexports,
     star_imports,
     strings,
 )
@@ -36,6 +37,10 @@ RULES: tuple[Rule, ...] = (
 )
 
 # Every finding code, with its short name and meaning (``--json`` reports, docs).
-CODES = merge_codes(MOVE_CODES, *(rule.codes for rule in RULES), fork.CODES, suppression.CODES)
+CODES = merge_codes(MOVE_CODES, *(rule.codes for rule in RULES), fork.CODES, reexports.CODES,
+                    suppression.CODES)
 
-__all__ = ["CODES", "RULES", "Rule"]
+# Codes that fail --check only when selected (see ``reexports``).
+OPTIONAL_CODES = reexports.OPTIONAL_CODES
+
+__all__ = ["CODES", "OPTIONAL_CODES", "RULES", "Rule"]

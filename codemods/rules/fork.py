@@ -34,9 +34,10 @@ from ..movemap.sources import read_source
 from ..report.findings import Finding
 from ..report.suppression import Suppressions
 from ..workspace.project import module_files, project_root
+from . import reexports
 
 # Fixed findings whose rewrite makes a use read the new module.
-_TO_NEW_MODULE = frozenset({"MMS001", "MMS002", "MMS004"})
+_TO_NEW_MODULE = frozenset({"MMS001", "MMS002", "MMS004", reexports.CODE})
 
 CODES = {
     "MMS015": ('fork', "the tree contains the old module's own file; imports of it inside the tree resolve to that copy, which may still define the moved names"),
