@@ -110,3 +110,16 @@ def test_the_fork_warning_needs_a_rewrite_or_a_moved_name(fork, tmp_path, capsys
         status, doc = _report(tmp_path, *paths)
         assert (status, doc["findings"]) == (0, []), paths
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_forks_own_new_module_settles_it_for_a_file_run_alone(fork, tmp_path, capsys):
+    """After the fork's own split: its mm_schedule.py binds what the rewrite reads there,
+    so the file run alone is as green as the whole tree once written."""
+    (fork / OLD_FILE).with_name("mm_schedule.py").write_text("def get_embedding_chunk(*args):\n    pass\n")
+    alone = ["python/sglang/srt/managers/scheduler.py"]
+    status, doc = _report(tmp_path, *alone)
+    assert status == 1 and _findings(doc) == [
+        ("python/sglang/srt/managers/scheduler.py", "MMS001", "get_embedding_chunk")]
+    assert _report(tmp_path, *alone, "--write")[0] == 0
+    assert _report(tmp_path, *alone)[1]["findings"] == []
+    assert "warning" not in capsys.readouterr().err
