@@ -47,10 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mm_schedule.codemods.derive import default_wheel_cache
-from mm_schedule.codemods.movemap.remote import RangeReader
-
-INDEX_URL = "https://pypi.org/simple"
-TIMEOUT_S = 60.0
+from mm_schedule.codemods.movemap.remote import INDEX_URL, TIMEOUT_S, RangeReader, wheel_url
 
 # Executed from the wheel's own source, in import order (later ones import earlier ones);
 # a module missing from a release is skipped.
@@ -91,7 +88,7 @@ def extract_sources(version: str, cache: Path | None = None, *, allow_full_downl
             _extract(archive, local[0].name, target)
         return target
     try:
-        name, url = wheel_url(version, index_url, timeout)
+        name, url = wheel_url("vllm", version, index_url, timeout)
         with zipfile.ZipFile(RangeReader(url, timeout)) as archive:
             _extract(archive, name, target)
         return target
@@ -105,20 +102,6 @@ def extract_sources(version: str, cache: Path | None = None, *, allow_full_downl
     finally:
         wheel.unlink(missing_ok=True)
     return target
-
-
-def wheel_url(version: str, index_url: str = INDEX_URL, timeout: float = TIMEOUT_S) -> tuple[str, str]:
-    """``(file name, URL)`` of a wheel of ``vllm==version`` on a PEP 691 (JSON) index.
-    The Python files are the same in every platform's wheel; x86-64 Linux is preferred."""
-    request = urllib.request.Request(f"{index_url.rstrip('/')}/vllm/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        files = json.load(response)["files"]
-    wheels = [f for f in files if f["filename"].startswith(f"vllm-{version}-") and f["filename"].endswith(".whl")]
-    if not wheels:
-        raise ValueError(f"the index lists no wheel of vllm=={version}")
-    wheels.sort(key=lambda f: "x86_64" not in f["filename"])
-    return wheels[0]["filename"], wheels[0]["url"]
 
 
 def _extract(archive: zipfile.ZipFile, wheel_name: str, target: Path) -> None:

@@ -67,7 +67,7 @@ def wheel_url(dist: str, version: str, index_url: str = INDEX_URL,
     request = urllib.request.Request(f"{index_url.rstrip('/')}/{dist}/",
                                      headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
-        files = json.load(response)["files"]
+        files = json.load(response).get("files", [])
     stem = dist.replace("-", "_")
     wheels = [f for f in files if f["filename"].startswith((f"{dist}-{version}-", f"{stem}-{version}-"))
               and f["filename"].endswith(".whl")]
