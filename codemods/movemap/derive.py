@@ -24,6 +24,7 @@ The command line is ``derive_cli`` (``mm-schedule-codemod derive``).
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import shlex
 from collections.abc import Callable, Sequence
@@ -274,6 +275,14 @@ def derive_from_wheels(
     dist = new.origin.split(":")[0].split(" ")
     if len(dist) == 2:
         header["distribution"], header["target_version"] = dist
+    if releases:
+        # one digest over every history file read, in order: the lifetimes' provenance
+        digest = hashlib.sha256()
+        for release, *modules in releases:
+            for source in modules:
+                digest.update(f"{release} {source.origin if source else '-'} "
+                              f"{source.sha256 if source else '-'}\n".encode())
+        header["history_sha256"] = digest.hexdigest()
     derived = classify(old, new_old, new, header, release_binds)
     if releases:
         derived = replace(derived, releases=tuple(labels), lifetimes=lifetimes(releases))

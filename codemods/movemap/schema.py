@@ -187,22 +187,17 @@ class MoveMap:
         origins, removed = dict(self.import_origins), set(self.removed)
         unmapped, earlier = dict(self.unmapped_imports), {}
         for name in list(moved):
-            if bound(old_life, name):
-                if bound(new_life, name):
+            in_old, in_new = bound(old_life, name), bound(new_life, name)
+            if in_new:
+                if in_old:
                     reexported.add(name)
-                else:
-                    del moved[name]
-                    reexported.discard(name)
-            elif not bound(new_life, name) and not before_split:
-                del moved[name]
-                reexported.discard(name)
-                last = last_before(new_life, name)
-                if last is not None:
-                    removed.add(name)
-                    earlier[name] = f"it moved to {self.new_module}, which had it {note(last)}"
-            elif before_split:
-                del moved[name]
-                reexported.discard(name)
+                continue
+            del moved[name]
+            reexported.discard(name)
+            last = None if in_old or before_split else last_before(new_life, name)
+            if last is not None:  # the new module had it, and lost it again
+                removed.add(name)
+                earlier[name] = f"it moved to {self.new_module}, which had it {note(last)}"
         for table in (origins, unmapped):
             # before the split the base release's origins are unknown ground: a name the
             # old module lacks then is reported below like any other
