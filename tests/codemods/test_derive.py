@@ -440,6 +440,12 @@ def test_history_records_when_each_module_bound_each_name(tmp_path):
     assert m.lifetimes["old_module"]["f"] == (("0.9", "2.0"),)  # re-exported in 2.0
     assert m.lifetimes["new_module"]["f"] == (("2.0", "2.0"),)
     assert "--history demo-0.9-py3-none-any.whl" in m.header["command"]
+    digest = m.header["history_sha256"]
+    assert len(digest) == 64
+    _wheel(later, "demo", "3.0", {"demo/core/util.py": "def g(): ...\n"})
+    assert derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util",
+                                     new_module="demo.core.sched", history=[str(later)]
+                                     ).header["history_sha256"] != digest
     aimed = m.for_target("3.0")  # f left the new module again: nothing to rewrite it to
     assert "f" not in aimed.moved and "f" in aimed.removed and "h" not in aimed.removed
     assert "which had it last in demo 2.0 (gone since 3.0)" in aimed.earlier["f"]
