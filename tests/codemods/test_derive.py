@@ -444,7 +444,8 @@ def test_history_records_when_each_module_bound_each_name(tmp_path):
     assert len(digest) == 64
     _wheel(later, "demo", "3.0", {"demo/core/util.py": "def g(): ...\n"})
     assert derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util",
-                                     new_module="demo.core.sched", history=[str(later)]
+                                     new_module="demo.core.sched",
+                                     history=[str(w) for w in (early, old, new, later)]
                                      ).header["history_sha256"] != digest
     aimed = m.for_target("3.0")  # f left the new module again: nothing to rewrite it to
     assert "f" not in aimed.moved and "f" in aimed.removed and "h" not in aimed.removed
