@@ -29,10 +29,10 @@ from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
 from .report.failures import Failure, os_reason, syntax_error_message
 from .report.formats import DOCUMENTS, finding_lines, github_failure_lines, sarif
 from .report.run_report import FileResult, RunReport, printable
-from .report.selection import Layer, SelectionError, resolve
+from .report.selection import Layer, Selection, SelectionError, resolve
 from .report.suppression import UNUSED
 from .report.suppression import mentioned as suppression_mentioned
-from .rules.fork import fork_warnings, rewrite_targets, settle
+from .rules.fork import fork_files, fork_warnings, settle, spare
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
 from .workspace.discovery import Discovery, discover, excluded_stdin, shown
@@ -83,21 +83,22 @@ def _validate(args) -> tuple[MoveMap, str | None]:
             raise UsageError(f"--json {args.json}: {reason}")
     try:
         config = find_config(Path(args.stdin_filename) if args.stdin_filename else Path.cwd())
-        args.selected = _selection(args, config)
+        selection = _selection(args, config)
+        args.selected, args.lenient = selection.codes, selection.lenient
         map_path = args.map or config.map
         return load_map(map_path, target_version=args.target_version), map_path
     except (MoveMapError, ConfigError, SelectionError) as exc:
         raise UsageError(str(exc)) from exc
 
 
-def _selection(args, config: Config) -> frozenset[str]:
+def _selection(args, config: Config) -> Selection:
     """The codes the run acts on: the settings' selection, then the command line's."""
     layers = [Layer(config.select, config.extend_select, config.ignore,
                     source=str(config.source) if config.source else "settings"),
               Layer(args.select, args.extend_select + ([UNUSED] if args.report_unused_suppressions
                                                        else []), args.ignore,
                     source="command line")]
-    return resolve(layers, rule_table.CODES, rule_table.OFF_BY_DEFAULT)
+    return resolve(layers, rule_table.CODES, rule_table.OFF_BY_DEFAULT, rule_table.OPTIONAL)
 
 
 def _make_transform(move_map: MoveMap, selected: frozenset[str] = rule_table.DEFAULT_SELECTION):
@@ -179,7 +180,9 @@ def run(args) -> int:
         return _run_stdin(args, move_map, map_path)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
-    forks = fork_warnings([shown(item.real) for item in found.files], move_map)
+    own = fork_files([item.real for item in found.files], [f.snapshot.path for f in files], move_map)
+    forks = fork_warnings([shown(path) for path in own], move_map)
+    move_map = spare(move_map, own)
     _migrate(args, move_map, files)
     by_path = {f.result.shown: f.result for f in files}
     forks = _fork_notices(forks, move_map, files, args.selected)
@@ -189,11 +192,16 @@ def run(args) -> int:
         else:
             by_path[notice.shown] = notice
     results = sorted(by_path.values(), key=lambda r: r.shown)
-    report = RunReport(args.mode, {"old_module": move_map.old_module,
-                                   "new_module": move_map.new_module,
-                                   "source": map_path or "builtin"},
-                       results, len(found.files), len(files), problems, found.skipped)
+    report = RunReport(args.mode, _map_section(move_map, map_path), results,
+                       len(found.files), len(files), problems, found.skipped,
+                       optional=args.lenient)
     return _finish(args, report)
+
+
+def _map_section(move_map: MoveMap, map_path: str | None) -> dict:
+    """The report's account of the map: which one, and the release the run aimed it at."""
+    return {"old_module": move_map.old_module, "new_module": move_map.new_module,
+            "source": map_path or "builtin", "target_version": move_map.aimed_at}
 
 
 def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
@@ -216,15 +224,18 @@ def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
                             "(force-exclude)"), file=sys.stderr)
     else:
         pattern = None
+    notices: list[FileResult] = []
     if not pattern:
         package = package_for(path, Path.cwd()) if args.stdin_filename else None
+        own = fork_files([], [path], move_map) if args.stdin_filename else []
+        forks = fork_warnings([shown(p) for p in own], move_map)
+        move_map = spare(move_map, own)
         files.append(_File(result, Snapshot(path, data, 0, 0), package, path.suffix == ".ipynb"))
         _migrate(args, move_map, files, write=False)
         result.written = args.mode == "write" and result.changes and not result.error
-    report = RunReport(args.mode, {"old_module": move_map.old_module,
-                                   "new_module": move_map.new_module,
-                                   "source": map_path or "builtin"},
-                       [result], 1, len(files), [], [])
+        notices = _fork_notices(forks, move_map, files, args.selected)
+    report = RunReport(args.mode, _map_section(move_map, map_path), [result, *notices], 1,
+                       len(files), [], [], optional=args.lenient)
     output = (result.new if result.written else data) if args.mode == "write" else None
     return _finish(args, report, stdout_source=output)
 
@@ -279,9 +290,9 @@ def _fork_notices(warnings, move_map: MoveMap, files: list[_File],
     reported as a finding."""
     if not warnings:
         return []
-    targets = rewrite_targets(f for file in files for f in file.result.findings)
     notices = []
-    for finding in settle(warnings, move_map, targets, _acknowledged):
+    findings = [f for file in files for f in file.result.findings]
+    for finding in settle(warnings, move_map, findings, _acknowledged):
         if finding.code not in selected:
             continue
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
@@ -455,4 +466,4 @@ def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
         return EXIT_FAILED
     if args.mode == "write":
         return EXIT_REMAINING if summary["manual"] else EXIT_OK
-    return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK
+    return EXIT_REMAINING if report.fails_check() else EXIT_OK

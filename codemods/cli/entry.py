@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
     parser.add_argument("--map", metavar="FILE", help="move map JSON (default: the shipped SGLang map)")
     parser.add_argument("--target-version", metavar="VERSION",
-                        help="the release you move to (the map's own target); names the old "
-                             "module lost in earlier releases are reported as well")
+                        help="the release you move to, any the map covers (default: the "
+                             "newest); what is gone from the old module by then is reported")
     parser.add_argument("-j", "--jobs", type=_positive(int, "a whole number"), default=None,
                         help="worker processes (default: CPU count)")
     parser.add_argument("--timeout", type=_positive(float, "a number of seconds"),

@@ -35,7 +35,8 @@ def codes_table() -> str:
     owners = _owners()
     lines = ["| code | name | rule | default | meaning |", "|---|---|---|---|---|"]
     for code, (name, meaning) in rules.CODES.items():
-        default = "off" if code in rules.OFF_BY_DEFAULT else "on"
+        default = ("off" if code in rules.OFF_BY_DEFAULT
+                   else "optional" if code in rules.OPTIONAL else "on")
         lines.append(f"| `{code}` | `{name}` | {owners[code]} | {default} | {_cell(meaning)} |")
     return "\n".join(lines)
 

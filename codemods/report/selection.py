@@ -11,6 +11,11 @@ left out of the default selection only: any selector that matches it turns it on
 
 A code that is not selected is neither reported nor acted on: the rules leave its uses
 as they are, as for a suppressed code.
+
+An optional code (a rewrite that is a tidy-up, such as one of a name the old module
+still re-exports) is in the default selection, so ``--write`` applies it and ``--check``
+shows it, but it fails ``--check`` only once a selector that matches it (``ALL``, a
+prefix, the code) selects it; ``--ignore`` drops it like any other code.
 """
 
 from __future__ import annotations
@@ -50,15 +55,25 @@ def _matching(selector: str, codes: Iterable[str], source: str) -> set[str]:
     return found
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The codes a run acts on, and those of them that do not fail ``--check`` (optional
+    codes no selector named)."""
+
+    codes: frozenset[str]
+    lenient: frozenset[str] = frozenset()
+
+
 def resolve(layers: Sequence[Layer], codes: Mapping[str, object] | Iterable[str],
-            off_by_default: Iterable[str] = ()) -> frozenset[str]:
-    """The codes selected after ``layers`` (weakest first); raises ``SelectionError``
-    for a selector that matches no code in ``codes``."""
+            off_by_default: Iterable[str] = (), optional: Iterable[str] = ()) -> Selection:
+    """The selection after ``layers`` (weakest first); raises ``SelectionError`` for a
+    selector that matches no code in ``codes``."""
     codes = sorted(codes)
     selected = set(codes) - set(off_by_default)
+    named: set[str] = set()  # selected by a selector rather than by default
     for layer in layers:
         if layer.select is not None:
-            selected = set()
+            selected, named = set(), set()
         chosen = [(s, True) for s in (*(layer.select or ()), *layer.extend_select)]
         chosen += [(s, False) for s in layer.ignore]
         # stable sort: by specificity, then selections before ignores of the same one
@@ -67,6 +82,8 @@ def resolve(layers: Sequence[Layer], codes: Mapping[str, object] | Iterable[str]
             matched = _matching(selector, codes, layer.source)
             if add:
                 selected |= matched
+                named |= matched
             else:
                 selected -= matched
-    return frozenset(selected)
+                named -= matched
+    return Selection(frozenset(selected), frozenset(selected & set(optional) - named))

@@ -40,7 +40,9 @@ RULES: tuple[Rule, ...] = (
 CODES = merge_codes(*(rule.codes for rule in RULES), fork.CODES, suppression.CODES)
 OFF_BY_DEFAULT = frozenset().union(*(rule.off_by_default for rule in RULES),
                                    suppression.OFF_BY_DEFAULT)
+# Acted on by default, failing --check only when a selector names them.
+OPTIONAL = frozenset().union(*(rule.optional for rule in RULES))
 # What a run acts on when nothing is selected.
 DEFAULT_SELECTION = frozenset(CODES) - OFF_BY_DEFAULT
 
-__all__ = ["CODES", "DEFAULT_SELECTION", "OFF_BY_DEFAULT", "RULES", "Rule"]
+__all__ = ["CODES", "DEFAULT_SELECTION", "OFF_BY_DEFAULT", "OPTIONAL", "RULES", "Rule"]

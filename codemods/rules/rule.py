@@ -21,13 +21,16 @@ class Rule:
     too often, never too rarely: a file no trigger lets through never reaches libcst).
     ``codes`` are the finding codes this rule raises and owns; those in
     ``off_by_default`` are acted on only when a selection names them (``--select``,
-    ``--extend-select``, ``ALL``, a prefix)."""
+    ``--extend-select``, ``ALL``, a prefix); those in ``optional`` are acted on and
+    reported by default but fail ``--check`` only when a selection names them (rewrites
+    that are a tidy-up, not a fix)."""
 
     name: str
     plan: Callable[[Migration], None]
     trigger: Callable[[Scan], bool]
     codes: Codes = field(default_factory=dict)
     off_by_default: frozenset[str] = frozenset()
+    optional: frozenset[str] = frozenset()
 
 
 def merge_codes(*tables: Codes) -> dict[str, tuple[str, str]]:

@@ -18,7 +18,7 @@ OFF = ["MMS016", "MMS017"]
 
 
 def _resolve(*layers):
-    return sorted(resolve(list(layers), CODES, OFF))
+    return sorted(resolve(list(layers), CODES, OFF).codes)
 
 
 def test_the_default_is_every_code_but_those_off_by_default():
@@ -50,6 +50,35 @@ def test_a_later_select_starts_again_and_a_later_ignore_or_extension_builds_on_t
     assert _resolve(settings, Layer(ignore=["MMS001"])) == []
     # what the command line re-selects comes back even if the settings ignored it
     assert _resolve(settings, Layer(extend_select=["MMS002"])) == ["MMS001", "MMS002"]
+
+
+@pytest.mark.parametrize("layers, codes, lenient", [
+    ([], ["MMS001", "MMS002", "MMS010", "MMS011"], ["MMS011"]),
+    # a selector that names the optional code makes it fail --check: the code, a prefix, ALL
+    ([Layer(extend_select=["MMS011"])], ["MMS001", "MMS002", "MMS010", "MMS011"], []),
+    ([Layer(extend_select=["MMS01"])], ["MMS001", "MMS002", "MMS010", "MMS011", "MMS016", "MMS017"], []),
+    ([Layer(select=["ALL"])], CODES, []),
+    # one that does not name it leaves it lenient; a select without it drops it
+    ([Layer(extend_select=["MMS017"])], ["MMS001", "MMS002", "MMS010", "MMS011", "MMS017"], ["MMS011"]),
+    ([Layer(select=["MMS00"])], ["MMS001", "MMS002"], []),
+    ([Layer(ignore=["MMS011"])], ["MMS001", "MMS002", "MMS010"], []),
+    # named in the settings, ignored then re-selected by the command line: named again
+    ([Layer(extend_select=["MMS011"]), Layer(ignore=["MMS011"])], ["MMS001", "MMS002", "MMS010"], []),
+    ([Layer(select=["MMS0"]), Layer(ignore=["MMS01"]), Layer(extend_select=["MMS011"])],
+     ["MMS001", "MMS002", "MMS011"], []),
+    # a later select of the default codes only forgets that an earlier layer named it
+    ([Layer(extend_select=["MMS011"]), Layer(select=["MMS00"])], ["MMS001", "MMS002"], []),
+])
+def test_an_optional_code_is_selected_by_default_and_fails_check_once_named(layers, codes, lenient):
+    selection = resolve(layers, CODES, OFF, optional=["MMS011"])
+    assert sorted(selection.codes) == sorted(codes)
+    assert sorted(selection.lenient) == lenient
+    assert selection.lenient <= selection.codes
+
+
+def test_the_real_table_has_the_reexported_name_code_optional():
+    assert rules.OPTIONAL == {"MMS017"} and "MMS017" in rules.DEFAULT_SELECTION
+    assert not rules.OPTIONAL & rules.OFF_BY_DEFAULT
 
 
 @pytest.mark.parametrize("selector", ["MMS9", "F401", "", "MMS0011"])
@@ -156,6 +185,6 @@ def test_a_code_off_by_default_is_acted_on_only_when_selected(move_map, monkeypa
     source = "from sglang.srt.managers.mm_utils import hash_feature\n"
     for layers, on in (([], False), ([Layer(select=["ALL"])], True),
                        ([Layer(extend_select=["MMS09"])], True), ([Layer(select=["MMS099"])], True)):
-        selected = resolve(layers, codes, off)
+        selected = resolve(layers, codes, off).codes
         outcome = migrate_source(source, move_map, path="t.py", package="app", selected=selected)
         assert ("MMS099" in [f.code for f in outcome.findings]) is on, layers
