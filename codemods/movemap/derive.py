@@ -274,7 +274,9 @@ def derive_from_wheels(
     header = _header(command, [("old", old), ("new", new_old), ("new", new)])
     dist = new.origin.split(":")[0].split(" ")
     if len(dist) == 2:
-        header["distribution"], header["target_version"] = dist
+        # the release whose files the moves were read from, not the one a run aims at
+        # (that is ``--target-version``, by default the newest of ``releases``)
+        header["distribution"], header["split_version"] = dist
     if releases:
         # one digest over every history file read, in order: the lifetimes' provenance
         digest = hashlib.sha256()

@@ -159,7 +159,7 @@ class MoveMap:
         is removed, its message naming the last release that had it. Before the split
         (the new module binds nothing yet) nothing is rewritten."""
         if not self.releases:
-            target = self.header.get("target_version")
+            target = self.header.get("split_version")
             if target is None:
                 raise MoveMapError("this map does not record the releases it covers (no "
                                    "'releases'); derive it from released archives")

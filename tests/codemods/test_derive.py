@@ -663,7 +663,7 @@ def test_shipped_sglang_map_is_exactly_what_derive_produces():
     # 0.5.18's own embed_mm_inputs (in mm_utils) calls get_embedding_and_mask through
     # mm_utils' globals, so patching it there still reaches that caller
     assert m.looked_up_in["get_embedding_and_mask"] == ("sglang.srt.managers.mm_utils",)
-    assert m.header["target_version"] == "0.5.18"
+    assert m.header["split_version"] == "0.5.18" and "target_version" not in m.header
     assert m.releases == tuple(h.split("==")[1] for h in history)
     # renamed to init_mm_embedding_cache in 0.5.5.post1
     assert m.lifetimes["old_module"]["init_embedding_cache"] == (("0.4.6.post5", "0.5.5"),)

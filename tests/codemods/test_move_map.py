@@ -117,7 +117,7 @@ def test_duplicate_keys_in_a_map_file_are_refused(tmp_path):
 
 def test_target_version_reports_names_lost_before_the_maps_range():
     data = {"old_module": "o", "new_module": "n", "moved": {}, "earlier": {"gone": "last in 0.4.6"},
-            "header": {"target_version": "0.5.18", "distribution": "sglang"}}
+            "header": {"split_version": "0.5.18", "distribution": "sglang"}}
     m = MoveMap.from_dict(data)
     assert "gone" not in m.removed and "gone" not in m.interesting
     targeted = m.for_target("0.5.18")
