@@ -41,7 +41,7 @@ def finding_lines(report: RunReport, fmt: str) -> list[str]:
                 out.append(printable(f"{where}:{entry['line']}:{entry['column']}: "
                                      f"{entry['code']}{mark} {entry['message']}"))
             else:
-                out.append(_github(result.shown, entry, state))
+                out.append(_github(result.shown, entry, state, _fails(report, entry)))
     return out
 
 
@@ -64,9 +64,15 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def _github(path: str, entry: dict, state: str) -> str:
-    # a fix already on disk is news, not a problem; everything else fails the check
-    level = "notice" if state == "fixed" else "error"
+def _fails(report: RunReport, entry: dict) -> bool:
+    """Whether a finding fails the check: not a fix already on disk, nor an optional
+    rewrite no selector named."""
+    return entry["status"] != "fixed" and entry["code"] not in report.optional
+
+
+def _github(path: str, entry: dict, state: str, fails: bool) -> str:
+    # what does not fail the check (a fix on disk, an optional rewrite) is news, not a problem
+    level = "error" if fails else "notice"
     title = _escape_property(f"{TOOL} ({entry['code']})")
     where = ",".join((f"file={_escape_property(printable(path))}", f"line={entry['line']}",
                       f"col={entry['column']}"))
@@ -107,7 +113,7 @@ def sarif(report: RunReport) -> str:
             item = {
                 "ruleId": entry["code"],
                 "ruleIndex": codes.index(entry["code"]) if entry["code"] in codes else -1,
-                "level": "note" if state == "fixed" else "error",
+                "level": "error" if _fails(report, entry) else "note",
                 "message": {"text": printable(entry["message"])},
                 "locations": [{"physicalLocation": {
                     "artifactLocation": _artifact(result.shown),

@@ -105,6 +105,25 @@ def test_the_json_report_names_the_release_the_run_aimed_at(tree, tmp_path):
         assert json.loads(report.read_text())["map"]["target_version"] == aimed
 
 
+def test_github_and_sarif_levels_follow_the_check(tree, map_file, cli_main, capsys):
+    """An optional rewrite is a notice while it does not fail the check, an error once named."""
+    (tree / "a.py").write_text(OPTIONAL)
+    (tree / "b.py").write_text(REQUIRED)
+    assert cli_main("--check", ".", "--output-format", "github", map_file=map_file) == 1
+    levels = {line.split("(")[1][:6]: line.split(" ")[0]
+              for line in capsys.readouterr().out.splitlines() if line.startswith("::")}
+    assert levels == {"MMS017": "::notice", "MMS001": "::error"}
+    assert cli_main("--check", ".", "--output-format", "sarif", "--extend-select", "MMS017",
+                    map_file=map_file) == 1
+    results = json.loads(capsys.readouterr().out)["runs"][0]["results"]
+    assert sorted((r["ruleId"], r["level"]) for r in results) == [("MMS001", "error"),
+                                                                  ("MMS017", "error")]
+    assert cli_main("--check", ".", "--output-format", "sarif", map_file=map_file) == 1
+    results = json.loads(capsys.readouterr().out)["runs"][0]["results"]
+    assert sorted((r["ruleId"], r["level"]) for r in results) == [("MMS001", "error"),
+                                                                  ("MMS017", "note")]
+
+
 def test_a_suppression_holds_it_back(tree, map_file, cli_main):
     source = OPTIONAL.rstrip("\n") + "  # mm-schedule-codemod: ignore[MMS017]\n"
     (tree / "a.py").write_text(source)
