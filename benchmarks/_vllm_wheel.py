@@ -49,10 +49,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 import _peer_wheels as peer
 
 from mm_schedule.codemods.derive import default_wheel_cache
-
-INDEX_URL = "https://pypi.org/simple"
-TIMEOUT_S = 60.0
-READ_AHEAD = 1 << 16  # bytes fetched at least per range request (zip headers come in small reads)
+from mm_schedule.codemods.movemap.remote import INDEX_URL, TIMEOUT_S, RangeReader, wheel_url
 
 # Executed from the wheel's own source, in import order (later ones import earlier ones);
 # a module missing from a release is skipped.
@@ -93,7 +90,7 @@ def extract_sources(version: str, cache: Path | None = None, *, allow_full_downl
             _extract(archive, local[0].name, target)
         return target
     try:
-        name, url = wheel_url(version, index_url, timeout)
+        name, url = wheel_url("vllm", version, index_url, timeout)
         with zipfile.ZipFile(RangeReader(url, timeout)) as archive:
             _extract(archive, name, target)
         return target
@@ -107,60 +104,6 @@ def extract_sources(version: str, cache: Path | None = None, *, allow_full_downl
     finally:
         wheel.unlink(missing_ok=True)
     return target
-
-
-def wheel_url(version: str, index_url: str = INDEX_URL, timeout: float = TIMEOUT_S) -> tuple[str, str]:
-    """``(file name, URL)`` of a wheel of ``vllm==version`` on a PEP 691 (JSON) index.
-    The Python files are the same in every platform's wheel; x86-64 Linux is preferred."""
-    request = urllib.request.Request(f"{index_url.rstrip('/')}/vllm/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        files = json.load(response)["files"]
-    wheels = [f for f in files if f["filename"].startswith(f"vllm-{version}-") and f["filename"].endswith(".whl")]
-    if not wheels:
-        raise ValueError(f"the index lists no wheel of vllm=={version}")
-    wheels.sort(key=lambda f: "x86_64" not in f["filename"])
-    return wheels[0]["filename"], wheels[0]["url"]
-
-
-class RangeReader:
-    """A read-only, seekable file over HTTP range requests, with one read-ahead buffer."""
-
-    def __init__(self, url: str, timeout: float = TIMEOUT_S) -> None:
-        self.url, self.timeout = url, timeout
-        self.requests = 0
-        request = urllib.request.Request(url, method="HEAD")
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            if response.headers.get("Accept-Ranges", "").lower() != "bytes":
-                raise ValueError(f"{url} does not accept range requests")
-            self.size = int(response.headers["Content-Length"])
-        self.pos, self._start, self._buffer = 0, 0, b""
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = (offset, self.pos + offset, self.size + offset)[whence]
-        return self.pos
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
-        if n <= 0:
-            return b""
-        if not (self._start <= self.pos and self.pos + n <= self._start + len(self._buffer)):
-            end = min(self.size, self.pos + max(n, READ_AHEAD)) - 1
-            request = urllib.request.Request(self.url, headers={"Range": f"bytes={self.pos}-{end}"})
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                if response.status != 206:
-                    raise ValueError(f"{self.url} answered a range request with status {response.status}")
-                self._start, self._buffer = self.pos, response.read()
-            self.requests += 1
-        data = self._buffer[self.pos - self._start : self.pos - self._start + n]
-        self.pos += len(data)
-        return data
 
 
 def _extract(archive: zipfile.ZipFile, wheel_name: str, target: Path) -> None:

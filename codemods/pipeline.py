@@ -17,6 +17,7 @@ from pathlib import Path
 import libcst as cst
 
 from ..errors import MoveMapError
+from . import rules as rule_table
 from .engine.fidelity import at_risk, keep_untouched_lines
 from .engine.notebooks import NotebookError, migrate_notebook
 from .engine.resolve import package_for
@@ -25,10 +26,13 @@ from .engine.workers import Outcome, Task, WorkerPool
 from .fastpath.gate import Gate
 from .movemap.schema import MoveMap, load_map
 from .report.exit_status import EXIT_FAILED, EXIT_OK, EXIT_REMAINING, UsageError
-from .report.failures import Failure, os_reason
+from .report.failures import Failure, os_reason, syntax_error_message
+from .report.formats import DOCUMENTS, finding_lines, github_failure_lines, sarif
 from .report.run_report import FileResult, RunReport, printable
-from .report.suppression import MARKER
-from .rules.fork import fork_warnings, rewrite_targets, settle
+from .report.selection import Layer, Selection, SelectionError, resolve
+from .report.suppression import UNUSED
+from .report.suppression import mentioned as suppression_mentioned
+from .rules.fork import fork_files, fork_warnings, settle, spare
 from .workspace.config import Config, ConfigError, find_config
 from .workspace.diffs import patch_path, unified_diff
 from .workspace.discovery import Discovery, discover, excluded_stdin, shown
@@ -55,6 +59,16 @@ def _validate(args) -> tuple[MoveMap, str | None]:
         raise UsageError("empty path argument (use '.' for the current folder)")
     if args.json == "-" and args.mode == "diff":
         raise UsageError("--json - and --diff both write to stdout; give --json a file")
+    if args.output_format in DOCUMENTS:
+        if args.mode == "diff":
+            raise UsageError(f"--output-format {args.output_format} and --diff both write to "
+                             "stdout; use --json FILE for the report")
+        if args.json == "-":
+            raise UsageError(f"--output-format {args.output_format} and --json - both write "
+                             "to stdout; give --json a file")
+        if args.paths == [STDIN] and args.mode == "write":
+            raise UsageError(f"--output-format {args.output_format} and --write - both write "
+                             "to stdout; use --json FILE for the report")
     if STDIN in args.paths and len(args.paths) > 1:
         raise UsageError("'-' (standard input) cannot be combined with other paths")
     if args.stdin_filename is not None and args.paths != [STDIN]:
@@ -69,36 +83,50 @@ def _validate(args) -> tuple[MoveMap, str | None]:
             raise UsageError(f"--json {args.json}: {reason}")
     try:
         config = find_config(Path(args.stdin_filename) if args.stdin_filename else Path.cwd())
+        selection = _selection(args, config)
+        args.selected, args.lenient = selection.codes, selection.lenient
         map_path = args.map or config.map
         return load_map(map_path, target_version=args.target_version), map_path
-    except (MoveMapError, ConfigError) as exc:
+    except (MoveMapError, ConfigError, SelectionError) as exc:
         raise UsageError(str(exc)) from exc
 
 
-def _make_transform(move_map: MoveMap, report_unused: bool = False):
+def _selection(args, config: Config) -> Selection:
+    """The codes the run acts on: the settings' selection, then the command line's."""
+    layers = [Layer(config.select, config.extend_select, config.ignore,
+                    source=str(config.source) if config.source else "settings"),
+              Layer(args.select, args.extend_select + ([UNUSED] if args.report_unused_suppressions
+                                                       else []), args.ignore,
+                    source="command line")]
+    return resolve(layers, rule_table.CODES, rule_table.OFF_BY_DEFAULT, rule_table.OPTIONAL)
+
+
+def _make_transform(move_map: MoveMap, selected: frozenset[str] = rule_table.DEFAULT_SELECTION):
     """The function each worker applies (built in the worker, never pickled)."""
     gate = Gate.for_map(move_map)
+    report_unused = UNUSED in selected
 
     def transform(task: Task) -> Outcome:
         try:
             if task.notebook:
                 done = migrate_notebook(task.source, move_map, path=task.shown,
                                         package=task.package, gate=gate,
-                                        report_unused_suppressions=report_unused)
+                                        report_unused_suppressions=report_unused,
+                                        selected=selected)
                 note = Failure.of("notebook-not-written", done.note) if done.note else None
                 return Outcome(done.new_source, done.findings, done.cells, note)
             done = migrate_source(task.source, move_map, path=task.shown,
-                                  package=task.package, gate=gate,
-                                  report_unused_suppressions=report_unused)
+                                  package=task.package, gate=gate, selected=selected)
             new_source = done.new_source
             if new_source is not None and at_risk(task.source):
                 new_source = keep_untouched_lines(task.source, new_source)
             return Outcome(new_source, done.findings)
-        except cst.ParserSyntaxError as exc:
+        except (cst.ParserSyntaxError, SyntaxError) as exc:
+            if task.notebook:
+                return Outcome(error=Failure.of("syntax-error", f"cannot parse: {exc}; file left as is"))
             return Outcome(error=Failure.of(
-                "syntax-error", f"cannot parse: line {exc.raw_line}, column {exc.raw_column}: "
-                                f"{exc.message}; file left as is"))
-        except (UnicodeDecodeError, SyntaxError, NotebookError) as exc:
+                "syntax-error", f"{syntax_error_message(task.source, exc)}; file left as is"))
+        except (UnicodeDecodeError, NotebookError) as exc:
             return Outcome(error=Failure.of("syntax-error", f"cannot parse: {exc}; file left as is"))
 
     return transform
@@ -152,21 +180,28 @@ def run(args) -> int:
         return _run_stdin(args, move_map, map_path)
     found = _discover(args)
     files, problems = _read(args, found, Gate.for_map(move_map))
-    forks = fork_warnings([shown(item.real) for item in found.files], move_map)
+    own = fork_files([item.real for item in found.files], [f.snapshot.path for f in files], move_map)
+    forks = fork_warnings([shown(path) for path in own], move_map)
+    move_map = spare(move_map, own)
     _migrate(args, move_map, files)
     by_path = {f.result.shown: f.result for f in files}
-    forks = _fork_notices(forks, move_map, files)
+    forks = _fork_notices(forks, move_map, files, args.selected)
     for notice in forks:
         if notice.shown in by_path:
             by_path[notice.shown].findings[:0] = notice.findings
         else:
             by_path[notice.shown] = notice
     results = sorted(by_path.values(), key=lambda r: r.shown)
-    report = RunReport(args.mode, {"old_module": move_map.old_module,
-                                   "new_module": move_map.new_module,
-                                   "source": map_path or "builtin"},
-                       results, len(found.files), len(files), problems, found.skipped)
+    report = RunReport(args.mode, _map_section(move_map, map_path), results,
+                       len(found.files), len(files), problems, found.skipped,
+                       optional=args.lenient)
     return _finish(args, report)
+
+
+def _map_section(move_map: MoveMap, map_path: str | None) -> dict:
+    """The report's account of the map: which one, and the release the run aimed it at."""
+    return {"old_module": move_map.old_module, "new_module": move_map.new_module,
+            "source": map_path or "builtin", "target_version": move_map.aimed_at}
 
 
 def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
@@ -189,15 +224,18 @@ def _run_stdin(args, move_map: MoveMap, map_path: str | None) -> int:
                             "(force-exclude)"), file=sys.stderr)
     else:
         pattern = None
+    notices: list[FileResult] = []
     if not pattern:
         package = package_for(path, Path.cwd()) if args.stdin_filename else None
+        own = fork_files([], [path], move_map) if args.stdin_filename else []
+        forks = fork_warnings([shown(p) for p in own], move_map)
+        move_map = spare(move_map, own)
         files.append(_File(result, Snapshot(path, data, 0, 0), package, path.suffix == ".ipynb"))
         _migrate(args, move_map, files, write=False)
         result.written = args.mode == "write" and result.changes and not result.error
-    report = RunReport(args.mode, {"old_module": move_map.old_module,
-                                   "new_module": move_map.new_module,
-                                   "source": map_path or "builtin"},
-                       [result], 1, len(files), [], [])
+        notices = _fork_notices(forks, move_map, files, args.selected)
+    report = RunReport(args.mode, _map_section(move_map, map_path), [result, *notices], 1,
+                       len(files), [], [], optional=args.lenient)
     output = (result.new if result.written else data) if args.mode == "write" else None
     return _finish(args, report, stdout_source=output)
 
@@ -239,21 +277,24 @@ def _read(args, found: Discovery, gate: Gate) -> tuple[list[_File], list[tuple[s
         except OSError as exc:
             problems.append((name, Failure.of("unreadable", f"cannot read: {os_reason(exc)}")))
             continue
-        if gate.mentions(snapshot.data) or (args.report_unused_suppressions
-                                            and MARKER in snapshot.data):
+        if gate.mentions(snapshot.data) or (UNUSED in args.selected
+                                            and suppression_mentioned(snapshot.data)):
             files.append(_File(FileResult(name), snapshot, package_for(item.real, item.root),
                                item.real.suffix == ".ipynb"))
     return files, problems
 
 
-def _fork_notices(warnings, move_map: MoveMap, files: list[_File]) -> list[FileResult]:
+def _fork_notices(warnings, move_map: MoveMap, files: list[_File],
+                  selected: frozenset[str] = rule_table.DEFAULT_SELECTION) -> list[FileResult]:
     """The old module's own file in the tree (a fork), unless settled: said on stderr and
     reported as a finding."""
     if not warnings:
         return []
-    targets = rewrite_targets(f for file in files for f in file.result.findings)
     notices = []
-    for finding in settle(warnings, move_map, targets, _acknowledged):
+    findings = [f for file in files for f in file.result.findings]
+    for finding in settle(warnings, move_map, findings, _acknowledged):
+        if finding.code not in selected:
+            continue
         print(printable(f"warning: {finding.path}: {finding.message}"), file=sys.stderr)
         notices.append(FileResult(finding.path, findings=[finding]))
     return notices
@@ -273,7 +314,7 @@ def _migrate(args, move_map: MoveMap, files: list[_File], write: bool | None = N
     guard = TempGuard.start() if write and files else None
     jobs = args.jobs or os.cpu_count() or 1
     pool = WorkerPool(min(jobs, max(len(files), 1)), partial(_make_transform, move_map,
-                                                           args.report_unused_suppressions),
+                                                           args.selected),
                       timeout=args.timeout, close_fds=(guard.fd,) if guard else ())
     progress = _Progress(len(files))
     try:
@@ -384,6 +425,7 @@ def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
     """Print and write the report; ``stdout_source``: the migrated source of ``-`` (stdout
     then holds it alone)."""
     json_to_stdout = args.json == "-"
+    fmt = args.output_format
     text = sys.stderr if json_to_stdout or args.mode == "diff" or stdout_source is not None else sys.stdout
     out = _Output()
     if args.mode == "diff":
@@ -391,15 +433,21 @@ def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
             if result.changes and not result.error:
                 out.write(sys.stdout, unified_diff(result.old, result.new,
                                                    patch_path(result.shown)))
-    if not args.quiet:
-        for result in report.results:
-            for line in result.finding_lines():
-                out.write(text, line + "\n")
+    if not args.quiet and fmt not in DOCUMENTS:
+        for line in finding_lines(report, fmt):
+            out.write(text, line + "\n")
+    if fmt == "github":
+        for line in github_failure_lines(report):
+            out.write(text, line + "\n")
     for line in report.failure_lines():
         out.write(sys.stderr, line + "\n")
     out.write(sys.stderr, report.summary_line() + "\n")
     if stdout_source is not None:
         out.write(sys.stdout, stdout_source)
+    if fmt == "json":
+        out.write(sys.stdout, report.to_json())
+    elif fmt == "sarif":
+        out.write(sys.stdout, sarif(report))
     report_lost = False
     if args.json:
         document = report.to_json()
@@ -418,4 +466,4 @@ def _finish(args, report: RunReport, stdout_source: bytes | None = None) -> int:
         return EXIT_FAILED
     if args.mode == "write":
         return EXIT_REMAINING if summary["manual"] else EXIT_OK
-    return EXIT_REMAINING if summary["files_would_change"] or summary["findings"] else EXIT_OK
+    return EXIT_REMAINING if report.fails_check() else EXIT_OK

@@ -19,6 +19,7 @@ from ..report.exit_status import (
     UsageError,
     UsageParser,
 )
+from ..report.formats import FORMATS, installed_version
 from ..report.run_report import printable
 
 
@@ -40,15 +41,9 @@ def _positive(kind: type, what: str):
     return convert
 
 
-def _installed_version() -> str:
-    # From the installed distribution's metadata: importing mm_schedule would load torch,
-    # which the codemod does not need.
-    from importlib import metadata
-
-    try:
-        return metadata.version("mm-schedule")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+def _codes(text: str) -> list[str]:
+    """An argparse type: comma-separated selectors (``MMS001,MMS01``)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_installed_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed_version()}")
     parser.add_argument("paths", nargs="+", metavar="PATH",
                         help="files or folders to process; '-' reads one file from stdin "
                              "(with --write its result goes to stdout)")
@@ -76,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", help="write a JSON report ('-' for stdout)")
     parser.add_argument("--map", metavar="FILE", help="move map JSON (default: the shipped SGLang map)")
     parser.add_argument("--target-version", metavar="VERSION",
-                        help="the release you move to (the map's own target); names the old "
-                             "module lost in earlier releases are reported as well")
+                        help="the release you move to, any the map covers (default: the "
+                             "newest); what is gone from the old module by then is reported")
     parser.add_argument("-j", "--jobs", type=_positive(int, "a whole number"), default=None,
                         help="worker processes (default: CPU count)")
     parser.add_argument("--timeout", type=_positive(float, "a number of seconds"),
@@ -95,8 +90,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--stdin-filename", metavar="PATH",
                         help="the name of the file read from '-': its package, settings and "
                              "excludes, and the name in messages")
+    parser.add_argument("--select", metavar="CODES", type=_codes, default=None,
+                        help="the codes to act on, replacing the settings' selection: "
+                             "comma-separated codes, prefixes (MMS0) or ALL")
+    parser.add_argument("--extend-select", metavar="CODES", type=_codes, action="extend",
+                        default=[], help="codes to act on as well (repeatable)")
+    parser.add_argument("--ignore", metavar="CODES", type=_codes, action="extend", default=[],
+                        help="codes to leave alone: neither reported nor fixed (repeatable)")
     parser.add_argument("--report-unused-suppressions", action="store_true",
-                        help="report suppression comments that suppress nothing (MMS016)")
+                        help="report suppression comments that suppress nothing (the same "
+                             "as --extend-select MMS016)")
+    parser.add_argument("--output-format", choices=FORMATS, default="text",
+                        help="how findings are printed: text (default), concise, json (the "
+                             "--json document), github (Actions annotations), sarif (2.1.0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="also list what was skipped and why")

@@ -60,7 +60,7 @@ class MoveImportsCommand(CodemodCommand):
             suppressions=suppressions,
         )
         if suppressions is not None:
-            findings = [f for f in findings if not suppressions.take((f.line,), f.code)]
+            findings = [f for f in findings if not suppressions.take(f.line, f.code)]
         for finding in findings:
             self.warn(render(finding, "write", with_path=False))
         return new_tree

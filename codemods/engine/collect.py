@@ -36,6 +36,7 @@ class ImportSite:
     module: str | None  # absolute module of a from-import
     try_ctx: tuple[cst.CSTNode, str] | None  # (Try node, "body" | "handler" | "other")
     protected: bool = False  # in the old-version branch of an ``if`` on the version
+    module_scope: bool = True  # not inside a function or class body
 
 
 @dataclass(eq=False)
@@ -68,6 +69,9 @@ class Collected:
     # ``self.mm = <name or attribute>``: (the target's dotted text, the value), so that a
     # module kept in an attribute is seen where it is used (``self.mm.name``)
     attribute_holders: list[tuple[str, cst.BaseExpression]] = field(default_factory=list)
+    # every name read, by its text (attribute names and keywords left out): the uses of a
+    # binding when no scope analysis is needed to tell them apart (``facts.light``)
+    loads: dict[str, list[cst.Name]] = field(default_factory=dict)
 
 
 def collect(module: cst.Module, package: str | None, interesting: frozenset[str],
@@ -101,6 +105,8 @@ class Collector(cst.CSTVisitor):
         self._depth = 0  # function/class nesting; __all__ counts only at module level
         self._seen_elifs: set[cst.CSTNode] = set()
         self._in_annotation = 0
+        # attribute names and keywords: Names that are no reads, until they are visited
+        self._not_loads: set[cst.CSTNode] = set()
 
     # statement containers -------------------------------------------------------
     def _enter_block(self, node: cst.CSTNode) -> None:
@@ -225,6 +231,7 @@ class Collector(cst.CSTVisitor):
             module=module,
             try_ctx=self._tries[-1] if self._tries else None,
             protected=self._protected > 0,
+            module_scope=self._depth == 0,
         )
         self.found.sites.append(site)
         for alias in node.names if not isinstance(node.names, cst.ImportStar) else ():
@@ -250,8 +257,17 @@ class Collector(cst.CSTVisitor):
     # uses -----------------------------------------------------------------------
     def visit_Name(self, node: cst.Name) -> None:
         self.found.names_seen.add(node.value)
+        if node in self._not_loads:
+            self._not_loads.discard(node)
+        else:
+            self.found.loads.setdefault(node.value, []).append(node)
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self._not_loads.add(node.keyword)
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        self._not_loads.add(node.attr)
         self.found.attr_words.add(node.attr.value)
         if node.attr.value in self.interesting and not self._protected:
             self.found.attributes.append(node)

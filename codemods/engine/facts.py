@@ -15,7 +15,25 @@ from libcst.metadata import MetadataWrapper, PositionProvider, ScopeProvider
 
 from ..movemap.schema import MoveMap
 from .collect import Collected, ImportSite, collect
+from .imports import alias_binding
+from .plain_names import PlainNames
 from .resolve import dotted_name, may_bind
+
+
+@dataclass(frozen=True, eq=False)
+class PlainRead:
+    """A read of a plain name (in the shape of libcst's ``Access``)."""
+
+    node: cst.Name
+
+
+@dataclass(frozen=True, eq=False)
+class PlainImport:
+    """The one import binding a plain name (in the shape of libcst's ``ImportAssignment``)."""
+
+    name: str
+    node: cst.Import | cst.ImportFrom
+    references: list[PlainRead]
 
 
 @dataclass(frozen=True, eq=False)
@@ -26,12 +44,14 @@ class FileFacts:
     package: str | None
     path: str
     found: Collected
+    source: bytes | None = None  # the text ``module`` was parsed from, when known
 
     @classmethod
-    def read(cls, module: cst.Module, move_map: MoveMap, package: str | None, path: str) -> FileFacts:
+    def read(cls, module: cst.Module, move_map: MoveMap, package: str | None, path: str,
+             source: bytes | None = None) -> FileFacts:
         wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
         found = collect(wrapper.module, package, move_map.interesting, move_map.new_module)
-        return cls(wrapper.module, wrapper, move_map, package, path, found)
+        return cls(wrapper.module, wrapper, move_map, package, path, found, source)
 
     @property
     def old(self) -> str:
@@ -54,10 +74,50 @@ class FileFacts:
         # only files with suppression comments ask: PositionProvider costs a code generation
         return self.wrapper.resolve(PositionProvider)
 
-    def line_span(self, node: cst.CSTNode) -> tuple[int, int]:
-        """First and last line of ``node``'s own text."""
-        where = self._positions[node]
-        return where.start.line, where.end.line
+    def first_line(self, node: cst.CSTNode) -> int:
+        """The line ``node``'s own text starts on."""
+        return self._positions[node].start.line
+
+    @cached_property
+    def plain(self) -> frozenset[str]:
+        """Names whose reads need no scope analysis (``plain_names``)."""
+        if self.source is None:
+            return frozenset()
+        found = PlainNames.of(self.source)
+        return found.names if found is not None else frozenset()
+
+    @cached_property
+    def _plain_imports(self) -> dict[str, PlainImport]:
+        out = {}
+        for site in self.sites:
+            if not site.module_scope or isinstance(site.node.names, cst.ImportStar):
+                continue
+            for alias in site.node.names:
+                bound = alias_binding(alias)
+                if bound in self.plain:
+                    reads = [PlainRead(n) for n in self.found.loads.get(bound, ())]
+                    out[bound] = PlainImport(bound, site.node, reads)
+        return out
+
+    def referents_of(self, expr: cst.CSTNode) -> Sequence | None:
+        """The assignments a name access may read (None: ``expr`` is no access), from
+        the plain names when it is one of them, else from the scope analysis."""
+        if isinstance(expr, cst.Name) and expr.value in self.plain:
+            found = self._plain_imports.get(expr.value)
+            if found is not None:
+                return [found]
+        return self.referents.get(expr)
+
+    def only_binding(self, site: ImportSite, name: str, own_scope: bool = False) -> bool:
+        """Whether ``name`` has exactly one assignment in ``site``'s scope (``own_scope``)
+        or as seen from there (by default)."""
+        plain = self._plain_imports.get(name) if name in self.plain else None
+        if plain is not None and plain.node is site.node:
+            return True
+        scope = self.scopes.get(site.node)
+        if scope is None:
+            return False
+        return len(list(scope.assignments[name] if own_scope else scope[name])) == 1
 
     @cached_property
     def referents(self) -> dict[cst.CSTNode, Sequence]:

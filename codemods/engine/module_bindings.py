@@ -16,6 +16,7 @@ import libcst as cst
 from libcst.metadata.scope_provider import ImportAssignment
 
 from .collect import ImportSite
+from .facts import PlainImport
 from .imports import alias_binding, module_binding_import, with_aliases
 from .migration import Migration
 from .resolve import dotted_expr, dotted_name, parent_and_base
@@ -33,8 +34,7 @@ def free_name(m: Migration, base: str) -> str:
 
 def single_binding(m: Migration, site: ImportSite, name: str) -> bool:
     """An existing binding is reused only if nothing else binds the name in its scope."""
-    scope = m.facts.scopes.get(site.node)
-    return scope is not None and len(list(scope[name])) == 1
+    return m.facts.only_binding(site, name)
 
 
 def module_ref(m: Migration, site: ImportSite, dest: str) -> str:
@@ -158,7 +158,7 @@ def _alias_like(m: Migration, site: ImportSite, base: str) -> str:
 
 def _assignment_module(m: Migration, assignment) -> str | None:
     """The dotted module an import assignment binds its name to, or None."""
-    if not isinstance(assignment, ImportAssignment):
+    if not isinstance(assignment, (ImportAssignment, PlainImport)):
         return None
     node = assignment.node
     if isinstance(node, cst.Import):
@@ -183,7 +183,7 @@ def _assignment_module(m: Migration, assignment) -> str | None:
 
 def resolve_module(m: Migration, expr: cst.BaseExpression):
     """(dotted module the expression evaluates to, import assignments) or (None, ())."""
-    refs = m.facts.referents.get(expr)
+    refs = m.facts.referents_of(expr)
     if refs is not None:
         paths = {_assignment_module(m, a) for a in refs}
         if len(paths) == 1 and None not in paths and refs:
@@ -199,10 +199,10 @@ def resolve_module(m: Migration, expr: cst.BaseExpression):
 def optional_binding(m: Migration, expr: cst.BaseExpression) -> bool:
     """Whether ``expr`` is a name that imports bind to the old module and a plain
     assignment binds otherwise (``try: import old as m`` / ``except ImportError: m = None``)."""
-    refs = m.facts.referents.get(expr)
+    refs = m.facts.referents_of(expr)
     if not refs:
         return False
-    imports = [r for r in refs if isinstance(r, ImportAssignment)]
+    imports = [r for r in refs if isinstance(r, (ImportAssignment, PlainImport))]
     return bool(imports) and len(imports) < len(refs) and all(
         _assignment_module(m, r) == m.facts.old for r in imports
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from ..fastpath.gate import Gate
@@ -99,7 +100,7 @@ def _layout(text: str, notebook: dict) -> dict | None:
 
 def migrate_notebook(
     source: bytes, move_map: MoveMap, *, path: str, package: str | None, gate: Gate,
-    report_unused_suppressions: bool = False,
+    report_unused_suppressions: bool = False, selected: Collection[str] | None = None,
 ) -> NotebookOutcome:
     try:
         text = source.decode("utf-8")
@@ -127,7 +128,8 @@ def migrate_notebook(
         line += 1 + masked.count("\n")
     module = "".join(parts)
     outcome = migrate_source(module, move_map, path=path, package=package, gate=gate,
-                             report_unused_suppressions=report_unused_suppressions)
+                             report_unused_suppressions=report_unused_suppressions,
+                             selected=selected)
     findings, numbers = [], []
     ordered = sorted(starts.items(), key=lambda item: item[1])
     for finding in outcome.findings:

@@ -24,6 +24,7 @@ The command line is ``derive_cli`` (``mm-schedule-codemod derive``).
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import shlex
 from collections.abc import Callable, Sequence
@@ -34,11 +35,14 @@ from ...errors import MoveMapError
 from .bindings import Bindings, scan
 from .schema import MovedName, MoveMap
 from .sources import (
+    REQUIREMENT,
     Source,
+    archive_distribution,
     fetch_archive,
     module_from_path,
     read_archive_source,
     read_source,
+    release_source,
 )
 
 PROG = "mm-schedule-codemod derive"
@@ -137,27 +141,26 @@ def _looked_up(source: Source) -> set[str]:
     return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
 
 
-def _union(a: Bindings, b: Bindings) -> Bindings:
-    return Bindings(defined={**a.defined, **b.defined}, imported={**a.imported, **b.imported})
-
-
-def earlier_names(history: Sequence[Source], move_map: MoveMap, still: Bindings, release: str) -> dict[str, str]:
-    """Names the old module bound in the ``history`` versions (oldest first) that the map
-    neither moves nor reports and that neither module binds in the newer release
-    (``still``): name -> note."""
-    known = (set(move_map.moved) | set(move_map.import_origins) | set(move_map.removed)
-             | set(move_map.unmapped_imports) | set(still.defined) | set(still.imported))
-    out: dict[str, str] = {}
-    for source in history:
-        bindings = scan(source)
-        for name in list(bindings.defined) + list(bindings.imported):
-            if _is_dunder(name) or name in known:
-                continue
-            note = f"bound by {move_map.old_module} in {source.origin.split(':')[0]}"
-            if name in bindings.imported:
-                note += f" (imported there from {bindings.imported[name][0]})"
-            out[name] = f"{note}; gone by {release}"
-    return dict(sorted(out.items()))
+def lifetimes(history: Sequence[tuple[str, Source | None, Source | None]]
+              ) -> dict[str, dict[str, tuple[tuple[str, str], ...]]]:
+    """For ``(release, old module's source, new module's source)`` of consecutive releases,
+    oldest first (a source None where the release lacks the module): each module's bound
+    names -> the runs of releases that bound them, ``((first, last), ...)``."""
+    out: dict[str, dict[str, list[list[str]]]] = {"old_module": {}, "new_module": {}}
+    previous: dict[str, set[str]] = {"old_module": set(), "new_module": set()}
+    for release, *modules in history:
+        for role, source in zip(("old_module", "new_module"), modules):
+            bindings = scan(source) if source is not None else Bindings()
+            names = {n for n in [*bindings.defined, *bindings.imported] if not _is_dunder(n)}
+            for name in names:
+                runs = out[role].setdefault(name, [])
+                if name in previous[role]:
+                    runs[-1][1] = release
+                else:
+                    runs.append([release, release])
+            previous[role] = names
+    return {role: {name: tuple(tuple(run) for run in runs) for name, runs in sorted(table.items())}
+            for role, table in out.items() if table}
 
 
 def _header(command: list[str], sources: list[tuple[str, Source | None]]) -> dict:
@@ -225,12 +228,14 @@ def derive_from_wheels(
     new_module: str = SGLANG_NEW_MODULE,
     cache: Path | None = None,
     history: Sequence[str] = (),
+    index_url: str | None = None,
 ) -> MoveMap:
     """Build the map from two released archives, each a path or a pinned ``dist==version``
     (downloaded into ``cache``). The header records the archives by what was asked for
     (file name or requirement), so the same command reproduces the same map anywhere.
-    ``history``: older archives whose old-module names that are gone by the new release
-    the map lists as ``earlier`` (reported when a user asks for the target release)."""
+    ``history``: every release to cover, oldest first (paths or pins; pins are read off
+    the index one file at a time, see ``sources.release_source``): the names each module
+    bound in each of them become the map's ``lifetimes``, which aim it at any of them."""
     old_path = fetch_archive(old_archive, cache)
     new_path = fetch_archive(new_archive, cache)
     old = read_archive_source(old_path, old_module)
@@ -258,19 +263,42 @@ def derive_from_wheels(
 
     named = [a if not Path(a).is_file() else Path(a).name for a in (old_archive, new_archive)]
     command = ["--from-wheels", *named, *_module_args(old_module, new_module)]
-    earlier_sources = [read_archive_source(fetch_archive(h, cache), old_module) for h in history]
+    releases = [(_release_of(h), release_source(h, old_module, cache, index_url),
+                 release_source(h, new_module, cache, index_url)) for h in history]
+    labels = [release for release, _, _ in releases]
+    twice = sorted({r for r in labels if labels.count(r) > 1})
+    if twice:
+        raise MoveMapError(f"--history lists a release twice: {twice}")
     if history:
         command += ["--history", *[h if not Path(h).is_file() else Path(h).name for h in history]]
     header = _header(command, [("old", old), ("new", new_old), ("new", new)])
     dist = new.origin.split(":")[0].split(" ")
     if len(dist) == 2:
-        header["distribution"], header["target_version"] = dist
+        # the release whose files the moves were read from, not the one a run aims at
+        # (that is ``--target-version``, by default the newest of ``releases``)
+        header["distribution"], header["split_version"] = dist
+    if releases:
+        # one digest over every history file read, in order: the lifetimes' provenance
+        digest = hashlib.sha256()
+        for release, *modules in releases:
+            for source in modules:
+                digest.update(f"{release} {source.origin if source else '-'} "
+                              f"{source.sha256 if source else '-'}\n".encode())
+        header["history_sha256"] = digest.hexdigest()
     derived = classify(old, new_old, new, header, release_binds)
-    if earlier_sources:
-        still = scan(new) if new_old is None else _union(scan(new_old), scan(new))
-        derived = replace(
-            derived, earlier=earlier_names(earlier_sources, derived, still, new.origin.split(":")[0])
-        )
+    if releases:
+        derived = replace(derived, releases=tuple(labels), lifetimes=lifetimes(releases))
     return derived
+
+
+def _release_of(spec: str) -> str:
+    """The version a history entry names: the pin's, else the archive's own metadata."""
+    match = REQUIREMENT.match(spec)
+    if match:
+        return match.group(2)
+    dist = archive_distribution(Path(spec))
+    if dist is None:
+        raise MoveMapError(f"{spec}: cannot tell which release this archive is (no metadata)")
+    return dist[1]
 
 

@@ -34,9 +34,11 @@ def _parser() -> argparse.ArgumentParser:
         "(downloaded with pip into --wheel-cache)",
     )
     parser.add_argument("--history", nargs="+", metavar="ARCHIVE",
-                        help="with --from-wheels: older releases (paths or pins); names their old module "
-                        "had that are gone by the new release are listed as 'earlier', reported when "
-                        "the codemod is told the target release")
+                        help="with --from-wheels: every release the map covers, oldest first (paths or "
+                        "pins; a pin is read off the index one file at a time): what each module bound "
+                        "in each, so that the codemod can aim at any of them (--target-version)")
+    parser.add_argument("--index-url", metavar="URL",
+                        help="the package index --history pins are read from (default PyPI)")
     parser.add_argument("--new", nargs="+", metavar="FILE",
                         help="with --old: the new old-module file, then the new module's file")
     parser.add_argument("--old-module", metavar="M", help="dotted name of the module names moved out of")
@@ -78,13 +80,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 new_module=args.new_module or SGLANG_NEW_MODULE,
                 cache=args.wheel_cache,
                 history=args.history or (),
+                index_url=args.index_url,
             )
         else:
             if not args.new:
                 parser.error("--old needs --new FILE [FILE]")
             derived = derive_map(args.old, args.new, old_module=args.old_module,
                                  new_module=args.new_module, package_root=args.package_root)
-        checked = load_map(args.check) if args.check else None
+        checked = load_map(args.check, aimed=False) if args.check else None
     except MoveMapError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -52,10 +52,17 @@ class MoveMap:
     # release): patching the name where it is looked up is what reaches those callers.
     # A name absent here is assumed to be looked up in new_module only.
     looked_up_in: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # Names old_module bound in releases before this map's range and that neither module
-    # binds any more -> where they were last seen. Reported only when a caller asks for
-    # this map's target release (``load_map(..., target_version=...)``).
+    # Names old_module bound in other releases and that it lacks in the target release ->
+    # which release last had them (for the finding's message). Filled in by ``for_target``.
     earlier: dict[str, str] = field(default_factory=dict)
+    # Every release the map covers, oldest first, and for each of the two modules the
+    # names it bound in them: ``{"old_module": {name: ((first, last), ...)}, "new_module":
+    # ...}``, runs of consecutive releases. ``for_target`` reads them to aim the map at
+    # any one release.
+    releases: tuple[str, ...] = ()
+    lifetimes: dict[str, dict[str, tuple[tuple[str, str], ...]]] = field(default_factory=dict)
+    # The release ``for_target`` aimed this map at (None: the map as its file has it).
+    aimed_at: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for role, module in (("old_module", self.old_module), ("new_module", self.new_module)):
@@ -78,6 +85,7 @@ class MoveMap:
             if origin == self.old_module:
                 raise MoveMapError(f"import_origins[{name!r}] is the old module itself; a name "
                                    "cannot move to where it already is")
+        self._check_lifetimes()
         for name, modules in self.looked_up_in.items():
             for module in modules:
                 _check_module(module, f"looked_up_in[{name!r}]")
@@ -97,6 +105,20 @@ class MoveMap:
                 clash = sorted(a & b)
                 if clash:
                     raise MoveMapError(f"names listed both as {first} and as {second}: {clash}")
+
+    def _check_lifetimes(self) -> None:
+        unknown = sorted(set(self.lifetimes) - {"old_module", "new_module"})
+        if unknown:
+            raise MoveMapError(f"lifetimes: unknown keys {unknown}; expected old_module, new_module")
+        order = {release: i for i, release in enumerate(self.releases)}
+        for role, table in self.lifetimes.items():
+            for name, runs in table.items():
+                _check_name(name, f"lifetimes[{role!r}]")
+                for run in runs:
+                    if (len(run) != 2 or any(r not in order for r in run)
+                            or order[run[0]] > order[run[1]]):
+                        raise MoveMapError(f"lifetimes[{role!r}][{name!r}]: {list(run)} is not a "
+                                           "run of releases this map lists, oldest first")
 
     @classmethod
     def from_dict(cls, data: dict) -> MoveMap:
@@ -125,19 +147,95 @@ class MoveMap:
             looked_up_in={k: tuple(v) for k, v in _typed(data, "looked_up_in", dict, {}).items()
                           if _all_strings(v, f"looked_up_in[{k!r}]")},
             earlier=_string_map(data, "earlier"),
+            releases=tuple(_strings(data, "releases")),
+            lifetimes=_lifetimes(data),
         )
 
     def for_target(self, version: str) -> MoveMap:
-        """This map for a user who moves straight to ``version``, the release the map was
-        derived for: names the old module lost before the map's range are reported too."""
-        target = self.header.get("target_version")
-        if target is None:
-            raise MoveMapError("this map does not record the release it targets (no "
-                               "header.target_version); derive it from released archives")
-        if version != target:
-            raise MoveMapError(f"this map targets {self.header.get('distribution', 'release')} {target}, "
-                               f"not {version}; derive a map for {version}")
-        return replace(self, removed=self.removed | frozenset(self.earlier))
+        """This map for a user who moves straight to ``version``: what the two modules bind
+        in that release decides. A name the old module still binds needs nothing (a
+        re-export, when the new module has it too); a moved name the new module lost is
+        removed; a name the old module bound in an earlier release and lacks in this one
+        is removed, its message naming the last release that had it. Before the split
+        (the new module binds nothing yet) nothing is rewritten."""
+        if not self.releases:
+            target = self.header.get("split_version")
+            if target is None:
+                raise MoveMapError("this map does not record the releases it covers (no "
+                                   "'releases'); derive it from released archives")
+            if version != target:
+                raise MoveMapError(f"this map covers {self._dist} {target} only, not {version}; "
+                                   "derive it with --history to cover more releases")
+            return replace(self, removed=self.removed | frozenset(self.earlier), aimed_at=version)
+        if version not in self.releases:
+            raise MoveMapError(f"{self._dist} {version} is not a release this map covers "
+                               f"({self.releases[0]} to {self.releases[-1]})")
+        at = self.releases.index(version)
+        old_life = self.lifetimes.get("old_module", {})
+        new_life = self.lifetimes.get("new_module", {})
+
+        def bound(table, name: str) -> bool:
+            return any(self._index(a) <= at <= self._index(b) for a, b in table.get(name, ()))
+
+        def last_before(table, name: str) -> str | None:
+            ends = [b for a, b in table.get(name, ()) if self._index(b) < at]
+            return max(ends, key=self._index) if ends else None
+
+        def note(last: str) -> str:
+            return f"last in {self._dist} {last} (gone since {self.releases[self._index(last) + 1]})"
+
+        before_split = bool(new_life) and not any(bound(new_life, name) for name in new_life)
+        moved, reexported = dict(self.moved), set(self.reexported)
+        origins, removed = dict(self.import_origins), set(self.removed)
+        unmapped, earlier = dict(self.unmapped_imports), {}
+        for name in list(moved):
+            in_old, in_new = bound(old_life, name), bound(new_life, name)
+            if in_new:
+                if in_old:
+                    reexported.add(name)
+                continue
+            del moved[name]
+            reexported.discard(name)
+            last = None if in_old or before_split else last_before(new_life, name)
+            if last is not None:  # the new module had it, and lost it again
+                removed.add(name)
+                earlier[name] = f"it moved to {self.new_module}, which had it {note(last)}"
+        for table in (origins, unmapped):
+            # before the split the base release's origins are unknown ground: a name the
+            # old module lacks then is reported below like any other
+            for name in [n for n in table if before_split or bound(old_life, n)]:
+                del table[name]
+        removed -= {n for n in removed if bound(old_life, n)}
+        for name in old_life:
+            if name in moved or name in origins or name in unmapped or bound(old_life, name):
+                continue
+            last = last_before(old_life, name)
+            if last is not None and name not in earlier:
+                removed.add(name)
+                earlier[name] = note(last)
+        return replace(
+            self, moved=moved, reexported=frozenset(reexported), import_origins=origins,
+            removed=frozenset(removed), unmapped_imports=unmapped, earlier=dict(sorted(earlier.items())),
+            rebound_globals=self.rebound_globals & frozenset(moved),
+            looked_up_in={k: v for k, v in self.looked_up_in.items() if k in reexported},
+            aimed_at=version,
+        )
+
+    @property
+    def _dist(self) -> str:
+        return self.header.get("distribution", "release")
+
+    def _index(self, release: str) -> int:
+        return self._order[release]
+
+    @cached_property
+    def _order(self) -> dict[str, int]:
+        return {release: i for i, release in enumerate(self.releases)}
+
+    @property
+    def newest(self) -> str | None:
+        """The newest release the map covers (what a run aims at by default)."""
+        return self.releases[-1] if self.releases else None
 
     def to_dict(self) -> dict:
         return {
@@ -153,7 +251,12 @@ class MoveMap:
             "removed": sorted(self.removed),
             "unmapped_imports": dict(sorted(self.unmapped_imports.items())),
             "looked_up_in": {k: list(v) for k, v in sorted(self.looked_up_in.items())},
-            "earlier": dict(sorted(self.earlier.items())),
+            **({"earlier": dict(sorted(self.earlier.items()))} if self.earlier else {}),
+            **({"releases": list(self.releases)} if self.releases else {}),
+            **({"lifetimes": {role: {name: [list(run) for run in runs]
+                                     for name, runs in sorted(table.items())}
+                              for role, table in sorted(self.lifetimes.items())}}
+               if self.lifetimes else {}),
         }
 
     def to_json(self) -> str:
@@ -170,6 +273,13 @@ class MoveMap:
         """Every name whose use through the old module needs an edit or a finding."""
         return frozenset(self.moved) | frozenset(self.import_origins) | self.gone
 
+    def sparing(self, names: set[str]) -> MoveMap:
+        """This map with ``names`` no longer reported as gone (a fork's own old module
+        still binds them)."""
+        return replace(self, removed=self.removed - names,
+                       unmapped_imports={k: v for k, v in self.unmapped_imports.items() if k not in names},
+                       earlier={k: v for k, v in self.earlier.items() if k not in names})
+
     def destination(self, name: str) -> str | None:
         """The module a name imported from ``old_module`` should now come from, or None if it stays."""
         if name in self.moved:
@@ -177,10 +287,12 @@ class MoveMap:
         return self.import_origins.get(name)
 
 
-def load_map(path: str | Path | None = None, *, target_version: str | None = None) -> MoveMap:
-    """The map in ``path`` (default: the shipped SGLang map), validated. Raises
-    ``MoveMapError`` naming the file and the entry that is wrong. With ``target_version``
-    (the release the user moves to) names removed before the map's range are reported too."""
+def load_map(path: str | Path | None = None, *, target_version: str | None = None,
+             aimed: bool = True) -> MoveMap:
+    """The map in ``path`` (default: the shipped SGLang map), validated, aimed at
+    ``target_version`` (the release the user moves to; default the newest the map covers,
+    see ``MoveMap.for_target``). ``aimed=False``: the map as the file has it. Raises
+    ``MoveMapError`` naming the file and the entry that is wrong."""
     if path is None:
         text = resources.files(__package__.rpartition(".")[0]).joinpath("maps", DEFAULT_MAP).read_text("utf-8")
         where = f"built-in map {DEFAULT_MAP}"
@@ -199,13 +311,15 @@ def load_map(path: str | Path | None = None, *, target_version: str | None = Non
         raise MoveMapError(f"{where}: {exc}") from exc
     try:
         move_map = MoveMap.from_dict(data)
-        return move_map.for_target(target_version) if target_version else move_map
+        target = (target_version or move_map.newest) if aimed else None
+        return move_map.for_target(target) if target else move_map
     except MoveMapError as exc:
         raise MoveMapError(f"{where}: {exc}") from exc
 
 
 _FIELDS = {"header", "old_module", "new_module", "moved", "reexported", "import_origins",
-           "rebound_globals", "removed", "unmapped_imports", "looked_up_in", "earlier"}
+           "rebound_globals", "removed", "unmapped_imports", "looked_up_in", "earlier",
+           "releases", "lifetimes"}
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -249,6 +363,22 @@ def _string_map(data: dict, key: str) -> dict[str, str]:
         if not isinstance(text, str):
             raise MoveMapError(f"{key}[{name!r}]: expected a string, got {text!r}")
     return dict(value)
+
+
+def _lifetimes(data: dict) -> dict[str, dict[str, tuple[tuple[str, str], ...]]]:
+    value = _typed(data, "lifetimes", dict, {})
+    out = {}
+    for role, table in value.items():
+        if not isinstance(table, dict):
+            raise MoveMapError(f"lifetimes[{role!r}]: expected an object, got {table!r}")
+        out[role] = {}
+        for name, runs in table.items():
+            if not isinstance(runs, list) or not all(
+                    isinstance(run, list) and all(isinstance(r, str) for r in run) for run in runs):
+                raise MoveMapError(f"lifetimes[{role!r}][{name!r}]: expected a list of "
+                                   f"[first, last] releases, got {runs!r}")
+            out[role][name] = tuple(tuple(run) for run in runs)
+    return out
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -18,6 +18,7 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from ...errors import MoveMapError
+from . import remote
 
 WHEEL_CACHE_ENV = "MM_SCHEDULE_WHEEL_CACHE"
 
@@ -28,8 +29,12 @@ def default_wheel_cache() -> Path:
     return Path(os.environ.get(WHEEL_CACHE_ENV) or Path.home() / ".cache" / "mm-schedule" / "wheels")
 
 
-_REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
+REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 
+
+
+class MissingModule(MoveMapError):
+    """The archive has no file for the module asked for."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,15 @@ def _distribution(names: list[str], read: Callable[[str], bytes]) -> tuple[str, 
     return None
 
 
+def archive_distribution(archive: Path) -> tuple[str, str] | None:
+    """(name, version) from an archive's own metadata, or None when it has none."""
+    try:
+        with _open_archive(archive) as (names, read):
+            return _distribution(names, read)
+    except (OSError, zipfile.BadZipFile, tarfile.TarError) as exc:
+        raise MoveMapError(f"cannot open {archive}: {exc}") from exc
+
+
 def read_archive_source(archive: str | os.PathLike, module: str) -> Source:
     """The file of ``module`` inside a wheel (or sdist), e.g. ``sglang/srt/managers/mm_utils.py``."""
     archive = Path(archive)
@@ -116,7 +130,7 @@ def read_archive_source(archive: str | os.PathLike, module: str) -> Source:
             hits = sorted((n for n in names if n in wanted or n.endswith(tuple("/" + w for w in wanted))),
                           key=lambda n: (len(n), n))
             if not hits:
-                raise MoveMapError(f"{archive.name} has no file for module {module!r} (looked for {wanted[0]})")
+                raise MissingModule(f"{archive.name} has no file for module {module!r} (looked for {wanted[0]})")
             member = hits[0]
             raw = read(member)
             dist = _distribution(names, read)
@@ -136,7 +150,7 @@ def fetch_archive(spec: str, cache: Path | None = None, timeout: float = 120.0) 
     cache folder, downloaded there with pip (``--no-deps``) when missing."""
     if Path(spec).is_file():
         return Path(spec)
-    match = _REQUIREMENT.match(spec)
+    match = REQUIREMENT.match(spec)
     if not match:
         raise MoveMapError(f"{spec!r} is neither an existing file nor a pinned requirement like sglang==0.5.17")
     cache = Path(cache) if cache else default_wheel_cache()
@@ -155,6 +169,41 @@ def fetch_archive(spec: str, cache: Path | None = None, timeout: float = 120.0) 
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no archive appeared"]
         raise MoveMapError(f"pip could not download {spec}: {tail[0]}")
     return found
+
+
+def release_source(spec: str, module: str, cache: Path | None = None,
+                   index_url: str | None = None) -> Source | None:
+    """The file of ``module`` in one release, or None when that release has no such module.
+    ``spec`` is an archive path or a pin; a pin is read from a full archive in the cache,
+    else only the module's file is read off the index (``remote``), else the archive is
+    downloaded with pip. For the many releases a map's history covers."""
+    match = REQUIREMENT.match(spec)
+    cache = Path(cache) if cache else default_wheel_cache()
+    if Path(spec).is_file() or not match or _cached_archive(cache, *match.groups()):
+        return _archive_source_or_none(fetch_archive(spec, cache), module)
+    dist, version = match.groups()
+    member = module.replace(".", "/")
+    wanted = (f"{member}.py", f"{member}/__init__.py")
+    try:
+        wheel, found = remote.read_members(dist, version, wanted, cache, index_url or remote.INDEX_URL)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return _archive_source_or_none(fetch_archive(spec, cache), module)
+    for name in wanted:
+        if name in found:
+            try:
+                text = found[name].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MoveMapError(f"{wheel}:{name} is not UTF-8: {exc}") from exc
+            return Source(module=module, text=text, is_package=name.endswith("/__init__.py"),
+                          origin=f"{dist} {version}: {name}")
+    return None
+
+
+def _archive_source_or_none(archive: Path, module: str) -> Source | None:
+    try:
+        return read_archive_source(archive, module)
+    except MissingModule:
+        return None
 
 
 def _cached_archive(cache: Path, dist: str, version: str) -> Path | None:

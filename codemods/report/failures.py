@@ -8,6 +8,8 @@ every other file is still processed. Never renumber a code, only add new ones.
 
 from __future__ import annotations
 
+import ast
+import re
 from dataclasses import dataclass
 
 # code -> (short name, what it means). Listed in the JSON report and in the docs.
@@ -57,3 +59,30 @@ class Failure:
 def os_reason(exc: OSError) -> str:
     """The operating system's words for ``exc`` (``Permission denied``), without the path."""
     return exc.strerror or str(exc)
+
+
+_LIBCST_AT = re.compile(r"^(?:parser error: )?error at (\d+):(\d+): ")
+
+
+def syntax_error_message(source: bytes, exc: Exception) -> str:
+    """One position and one reason for a file that cannot be parsed: CPython's, when
+    CPython cannot parse it either (its position is where the error is; libcst's is where
+    its parser gave up, often a line later), else libcst's own."""
+    try:
+        ast.parse(source)
+    except SyntaxError as error:
+        if error.lineno:
+            return f"cannot parse: line {error.lineno}, column {error.offset or 1}: {error.msg}"
+        return f"cannot parse: {error.msg}"
+    except (ValueError, MemoryError, RecursionError):
+        pass
+    message = str(getattr(exc, "message", None) or exc).strip()
+    at = _LIBCST_AT.match(message)
+    if at:
+        line, column = int(at.group(1)), int(at.group(2)) + 1
+        message = message[at.end():]
+    elif hasattr(exc, "raw_line"):
+        line, column = exc.raw_line, exc.raw_column + 1
+    else:
+        return f"cannot parse: {message}"
+    return f"cannot parse: line {line}, column {column}: {message}"

@@ -11,7 +11,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..rules import CODES
+from ..rules import CODES, OPTIONAL
 from .failures import FAILURES, Failure
 from .findings import Finding, render, render_json
 
@@ -66,6 +66,8 @@ class RunReport:
     matched: int
     problems: list[tuple[str, Failure]]  # paths that could not even be looked at
     skipped: list[tuple[str, str]]  # paths left out on purpose, with the reason
+    # codes that do not fail --check: optional codes no selector named (``report.selection``)
+    optional: frozenset[str] = OPTIONAL
 
     @property
     def failed(self) -> list[FileResult]:
@@ -90,6 +92,14 @@ class RunReport:
             "manual": manual,
             "by_code": dict(sorted(Counter(f.code for _, f in findings).items())),
         }
+
+    def fails_check(self) -> bool:
+        """Whether a check or a diff leaves work to do: a finding whose code is not
+        optional, or a change that no finding accounts for. A file whose only changes
+        are optional rewrites passes (``--write`` still applies them)."""
+        return any(any(f.code not in self.optional for f in r.findings)
+                   or (r.changes and not r.written and not r.error and not r.findings)
+                   for r in self.results)
 
     def summary_line(self) -> str:
         s = self.summary()

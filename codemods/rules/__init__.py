@@ -10,7 +10,6 @@ pruning needs every rewritten use.
 from __future__ import annotations
 
 from ..report import suppression
-from ..report.reporter import MOVE_CODES
 from . import (
     calls,
     doc_references,
@@ -35,7 +34,15 @@ RULES: tuple[Rule, ...] = (
     prune_bindings.RULE,
 )
 
-# Every finding code, with its short name and meaning (``--json`` reports, docs).
-CODES = merge_codes(MOVE_CODES, *(rule.codes for rule in RULES), fork.CODES, suppression.CODES)
+# Every finding code, with its short name and meaning (``--json`` reports, docs). The
+# fork and unused-suppression codes are settled outside a file's rules: for the whole
+# tree, and once the rules have used or not used each suppression.
+CODES = merge_codes(*(rule.codes for rule in RULES), fork.CODES, suppression.CODES)
+OFF_BY_DEFAULT = frozenset().union(*(rule.off_by_default for rule in RULES),
+                                   suppression.OFF_BY_DEFAULT)
+# Acted on by default, failing --check only when a selector names them.
+OPTIONAL = frozenset().union(*(rule.optional for rule in RULES))
+# What a run acts on when nothing is selected.
+DEFAULT_SELECTION = frozenset(CODES) - OFF_BY_DEFAULT
 
-__all__ = ["CODES", "RULES", "Rule"]
+__all__ = ["CODES", "DEFAULT_SELECTION", "OFF_BY_DEFAULT", "OPTIONAL", "RULES", "Rule"]

@@ -20,6 +20,7 @@ from ..engine.migration import Migration
 from ..engine.module_bindings import module_ref, resolve_module
 from ..engine.resolve import dotted_expr, dotted_name
 from ..fastpath.scan import Scan
+from .from_imports import move_code, report_gone, report_move
 from .module_attributes import old_site_write
 from .rule import Rule
 
@@ -144,10 +145,10 @@ def _string_target(m: Migration, string) -> None:
             m.report(string, "MMS007", name, f"patch target {text!r}: {name!r} moved to "
                      f"{new}; string has escapes, not rewritten", False)
             return
-        if m.held(string, m.report.move_code(name)):
+        if m.held(string, move_code(m.facts.map, name)):
             return
         m.edits.expressions[string] = replacement
-        m.report.move(string, name, new, "patch target")
+        report_move(m, string, name, new, "patch target")
         return
     old_site_write(m, string, name, None, (), "patch")
 
@@ -189,14 +190,14 @@ def _multiple(m: Migration, call: cst.Call) -> None:
         if module != old:
             return
     if all(n in move_map.moved and n not in move_map.reexported for n in names):
-        if any(m.held(call, m.report.move_code(n)) for n in hits):
+        if any(m.held(call, move_code(m.facts.map, n)) for n in hits):
             return
         if text is not None:
             replacement = _with_literal(target, new)
             if replacement is not None:
                 edits.expressions[target] = replacement
                 for n in hits:
-                    m.report.move(call, n, new, "patch.multiple")
+                    report_move(m, call, n, new, "patch.multiple")
                 return
         elif len(refs) == 1 and facts.site_of(refs[0].node) is not None:
             site = facts.site_of(refs[0].node)
@@ -204,7 +205,7 @@ def _multiple(m: Migration, call: cst.Call) -> None:
             edits.rewritten_uses.add(id(target))
             edits.touched_bindings[id(refs[0])] = (refs[0], site)
             for n in hits:
-                m.report.move(call, n, new, "patch.multiple")
+                report_move(m, call, n, new, "patch.multiple")
             return
     m.report(call, "MMS005", ",".join(hits),
              f"patch.multiple on {old} names {', '.join(hits)}: they do not all live in "
@@ -231,15 +232,15 @@ def _dynamic_lookup(m: Migration, call: cst.Call) -> None:
     how = dotted_name(call.func) or "getattr"
     site = facts.site_of(refs[0].node) if len(refs) == 1 else None
     if name in move_map.moved and site is not None:
-        if m.held(call, m.report.move_code(name)):
+        if m.held(call, move_code(m.facts.map, name)):
             return
         m.edits.expressions[obj] = dotted_expr(module_ref(m, site, facts.new))
         m.edits.rewritten_uses.add(id(obj))
         m.edits.touched_bindings[id(refs[0])] = (refs[0], site)
-        m.report.move(call, name, facts.new, how)
+        report_move(m, call, name, facts.new, how)
         return
     if name in move_map.gone:
-        m.report.gone(call, name)
+        report_gone(m, call, name)
         return
     m.report(call, "MMS007", name, f"{how} of {name!r} on {facts.old}; it moved to "
              f"{move_map.destination(name)}; not rewritten", False)

@@ -8,7 +8,14 @@ the new module is right only if the new module has the names too. The warning
   the fork's ``mm_utils.py``) and that module binds every name the run rewrites to it
   (checked with ``ast``); otherwise it names the missing ones;
 * it is acknowledged by ``# mm-schedule-codemod: ignore[MMS015]`` anywhere in the fork's
-  old-module file, or by ``acknowledge-fork = true`` in the configuration.
+  old-module file, or by ``acknowledge-fork = true`` in the configuration;
+* it is not raised when the run rewrites nothing and uses no moved name: there is
+  nothing to check then.
+
+The fork's old module is found among the files a run walked, and in the project of each
+file it migrates (``workspace.project``): a file run alone (pre-commit, stdin) meets the
+same check as the whole tree. Names the fork's old module binds itself are not reported
+as gone from the old module (``spare``): inside the fork they are not.
 
 Not a per-file rule: it looks at the files a run found and the rewrites it planned.
 """
@@ -26,9 +33,11 @@ from ..movemap.schema import MoveMap
 from ..movemap.sources import read_source
 from ..report.findings import Finding
 from ..report.suppression import Suppressions
+from ..workspace.project import module_files, project_root
+from .from_imports import REEXPORTED
 
 # Fixed findings whose rewrite makes a use read the new module.
-_TO_NEW_MODULE = frozenset({"MMS001", "MMS002", "MMS004"})
+_TO_NEW_MODULE = frozenset({"MMS001", "MMS002", "MMS004", REEXPORTED})
 
 CODES = {
     "MMS015": ('fork', "the tree contains the old module's own file; imports of it inside the tree resolve to that copy, which may still define the moved names"),
@@ -39,19 +48,52 @@ def fork_warnings(paths: Iterable[str | os.PathLike], move_map: MoveMap) -> list
     """One MMS015 finding per file among ``paths`` that is the old module itself (a fork
     of the upstream package keeps ``.../managers/mm_utils.py``). Imports of the old module
     inside such a tree resolve to that copy; call this before retargeting them."""
-    parts = move_map.old_module.split(".")
-    suffixes = ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py")
-    out = []
-    for path in paths:
-        posix = Path(path).as_posix()
-        if any(posix == s or posix.endswith("/" + s) for s in suffixes):
-            out.append(Finding(
-                os.fspath(path), 1, 1, "MMS015", move_map.old_module,
-                f"this tree has its own {move_map.old_module} ({'/'.join(parts)}.py): imports of it "
-                f"inside the tree load this copy, not upstream's; check which names this copy still "
-                f"defines before accepting the rewrites to {move_map.new_module}", False,
-            ))
+    file = move_map.old_module.replace(".", "/") + ".py"
+    return [Finding(
+        os.fspath(path), 1, 1, "MMS015", move_map.old_module,
+        f"this tree has its own {move_map.old_module} ({file}): imports of it inside the tree "
+        f"load this copy, not upstream's; check which names this copy still defines before "
+        f"accepting the rewrites to {move_map.new_module}", False,
+    ) for path in paths if _above(path, move_map.old_module) is not None]
+
+
+def _above(path: str | os.PathLike, module: str) -> str | None:
+    """The folder (``""`` for the working folder) that ``path`` is ``module``'s file in,
+    or None when ``path`` is not a file of ``module``."""
+    posix = Path(path).as_posix()
+    rel = module.replace(".", "/")
+    for tail in (f"{rel}.py", f"{rel}/__init__.py"):
+        if posix == tail or posix.endswith("/" + tail):
+            return posix[: len(posix) - len(tail)]
+    return None
+
+
+def fork_files(walked: Iterable[Path], migrated: Iterable[Path], move_map: MoveMap) -> list[Path]:
+    """The old module's own files a run must know about: those among the ``walked``
+    files, and those in the projects of the ``migrated`` ones; each once."""
+    candidates = [p for p in walked if _above(p, move_map.old_module) is not None]
+    folders = dict.fromkeys(Path(os.path.abspath(p)).parent for p in migrated)
+    for root in dict.fromkeys(project_root(folder / "_") for folder in folders):
+        candidates += module_files(root, move_map.old_module)
+    seen, out = set(), []
+    for path in candidates:
+        key = path.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(path)
     return out
+
+
+def spare(move_map: MoveMap, forks: Iterable[str | os.PathLike]) -> MoveMap:
+    """The map without the gone names that the forks' own old modules still bind."""
+    bound: set[str] = set()
+    for path in forks:
+        try:
+            bindings = scan(read_source(path, move_map.old_module))
+        except MMScheduleError:
+            continue  # unreadable or unparsable: nothing known to spare
+        bound |= set(bindings.defined) | set(bindings.imported)
+    return move_map.sparing(bound) if bound & move_map.gone else move_map
 
 
 def rewrite_targets(findings: Iterable[Finding]) -> set[str]:
@@ -59,10 +101,14 @@ def rewrite_targets(findings: Iterable[Finding]) -> set[str]:
     return {f.symbol for f in findings if f.fixed and f.code in _TO_NEW_MODULE}
 
 
-def settle(warnings: Iterable[Finding], move_map: MoveMap, targets: set[str],
+def settle(warnings: Iterable[Finding], move_map: MoveMap, findings: Iterable[Finding],
            acknowledged: Callable[[str], bool]) -> list[Finding]:
-    """The fork warnings still standing once the tree's own new module and the
-    acknowledgements are taken into account (see the module docstring)."""
+    """The fork warnings still standing once the run's findings, the tree's own new
+    module and the acknowledgements are taken into account (see the module docstring)."""
+    findings = list(findings)
+    if not any(f.fixed or f.symbol in move_map.moved for f in findings):
+        return []
+    targets = rewrite_targets(findings)
     kept = []
     for warning in warnings:
         if acknowledged(warning.path) or _suppressed_in(warning.path):
@@ -94,15 +140,10 @@ def _suppressed_in(path: str) -> bool:
 def _own_new_module(old_path: str, move_map: MoveMap) -> tuple[str, set[str] | None] | None:
     """The tree's own new-module file beside the fork's old module and the names it binds
     (None when it cannot be parsed), or None when the tree has none."""
-    posix = Path(old_path).as_posix()
-    old_parts = move_map.old_module.split(".")
-    for tail in ("/".join(old_parts) + ".py", "/".join(old_parts) + "/__init__.py"):
-        if posix == tail or posix.endswith("/" + tail):
-            root = posix[: len(posix) - len(tail)]
-            break
-    else:
+    root = _above(old_path, move_map.old_module)
+    if root is None:
         return None
-    new = "/".join(move_map.new_module.split("."))
+    new = move_map.new_module.replace(".", "/")
     for candidate in (f"{root}{new}.py", f"{root}{new}/__init__.py"):
         if Path(candidate).is_file():
             try:

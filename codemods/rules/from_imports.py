@@ -59,12 +59,12 @@ def plan_from_imports(m: Migration) -> None:
         for alias in node.names:
             name = alias.name.value if isinstance(alias.name, cst.Name) else None
             dest = move_map.destination(name) if name else None
-            if dest and m.held(alias, m.report.move_code(name)):
+            if dest and m.held(alias, move_code(move_map, name)):
                 continue  # a suppressed name stays where it is
             if dest:
                 moving.append((alias, dest))
             elif name in move_map.gone:
-                m.report.gone(alias, name)
+                report_gone(m, alias, name)
         if not moving or _is_compatible_shim(m, site, moving):
             if moving:
                 edits.kept_sites.add(id(site))
@@ -120,7 +120,7 @@ def _split(plan: _Plan, site: ImportSite, moving: list[tuple[cst.ImportAlias, st
     groups: dict[str, list[cst.ImportAlias]] = {}
     for alias, dest in moving:
         groups.setdefault(dest, []).append(alias)
-        m.report.move(alias, alias.name.value, dest, "import")
+        report_move(m, alias, alias.name.value, dest, "import")
     if not groups:
         if removed:
             if staying:
@@ -454,9 +454,68 @@ def _wrapped(statement: cst.ImportFrom) -> cst.ImportFrom:
     )
 
 
+# The codes of a use of a name the map covers. From-imports are where such names are
+# met first; the attribute and call rules report the uses they rewrite through
+# ``report_move`` and ``report_gone`` too, so a name gets one code however it is reached.
 CODES = {
+    "MMS001": ('moved-name', 'name moved to the new module; reference rewritten'),
+    "MMS002": ('moved-private', 'private name moved to the new module; rewritten, but it is private there and its signature may change between releases'),
+    "MMS003": ('import-origin', 'the old module only imported this name and no longer binds it; rewritten to its origin module'),
     "MMS004": ('stale-global', 'from-import of a module global that is rebound at run time; the imported value goes stale'),
+    "MMS009": ('removed-name', 'name was removed from the old module and has no new home'),
+    "MMS010": ('unmapped-import', 'the old module bound this name by an import a plain from-import cannot reproduce; bind it yourself'),
+    "MMS017": ('reexported-name', 'name moved to the new module, which the old module still re-exports; reference rewritten (optional: fails --check only when a selector names it)'),
 }
+
+# A rewrite of a name the old module still re-exports (``from new import name`` there) is a
+# tidy-up, not a fix: the old import keeps working. ``--write`` applies it and ``--check``
+# shows it, failing on it only when a selector names the code (``report.selection``).
+# Patches of such names are another matter (the old site no longer reaches callers in the
+# new module): the call and attribute rules give those their own codes.
+REEXPORTED = "MMS017"
+
+
+def move_code(move_map, name: str) -> str:
+    """The code a rewrite of ``name`` is reported with."""
+    if name in move_map.import_origins and name not in move_map.moved:
+        return "MMS003"
+    if name in move_map.reexported:
+        return REEXPORTED
+    return "MMS002" if move_map.moved[name].private else "MMS001"
+
+
+def report_move(m: Migration, node: cst.CSTNode, name: str, dest: str, how: str) -> None:
+    """A rewrite of ``name`` to ``dest``, worded by what kind of move it is."""
+    move_map = m.facts.map
+    old = move_map.old_module
+    code = move_code(move_map, name)
+    if code == "MMS003":
+        message = f"{how}: {old} only imported {name!r}; now from its origin {dest}"
+    elif code == REEXPORTED:
+        message = (f"{how}: {name!r} moved to {dest}; {old} still re-exports it, so this "
+                   "rewrite is optional")
+    elif code == "MMS002":
+        message = (f"{how}: private {name!r} moved to {dest}; it is private there and may "
+                   "change without notice")
+    else:
+        message = f"{how}: {name!r} moved to {dest}"
+    m.report(node, code, name, message, True)
+
+
+def report_gone(m: Migration, node: cst.CSTNode, name: str) -> None:
+    """A use of a name the old module no longer binds and that has no new home."""
+    move_map = m.facts.map
+    old = move_map.old_module
+    statement = move_map.unmapped_imports.get(name)
+    if statement is not None:
+        m.report(node, "MMS010", name, f"{old} no longer binds {name!r}; it came from "
+                 f"'{statement}', bind it the same way here", False)
+    elif name in move_map.earlier:
+        m.report(node, "MMS009", name, f"{name!r} is gone from {old}: "
+                 f"{move_map.earlier[name]}; rewrite this use by hand", False)
+    else:
+        m.report(node, "MMS009", name, f"{name!r} was removed from {old} and has no "
+                 "new home; rewrite this use by hand", False)
 
 
 def trigger(scan: Scan) -> bool:
@@ -468,4 +527,4 @@ def trigger(scan: Scan) -> bool:
     )
 
 
-RULE = Rule('from-imports', plan_from_imports, trigger, CODES)
+RULE = Rule('from-imports', plan_from_imports, trigger, CODES, optional=frozenset({REEXPORTED}))

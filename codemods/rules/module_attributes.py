@@ -22,6 +22,7 @@ from ..engine.migration import Migration
 from ..engine.module_bindings import module_ref, optional_binding, resolve_module
 from ..engine.resolve import dotted_expr, dotted_name, parent_and_base
 from ..fastpath.scan import Scan
+from .from_imports import move_code, report_gone, report_move
 from .rule import Rule
 
 
@@ -44,7 +45,7 @@ def plan_module_attributes(m: Migration) -> None:
         if module != facts.old:
             continue
         if name in facts.map.gone:
-            m.report.gone(attribute, name)
+            report_gone(m, attribute, name)
             continue
         if attribute in facts.found.stores:
             old_site_write(m, attribute, name, attribute.value, refs, "assignment")
@@ -57,7 +58,7 @@ def plan_module_attributes(m: Migration) -> None:
                          "several blocks; not rewritten", False)
                 continue
             refs = [first]
-        if m.held(attribute, m.report.move_code(name)):
+        if m.held(attribute, move_code(m.facts.map, name)):
             continue  # left as written: the binding keeps a use, so it stays too
         uses.setdefault(id(refs[0]), []).append((attribute, name, facts.map.destination(name)))
         assignments[id(refs[0])] = refs[0]
@@ -74,7 +75,7 @@ def plan_module_attributes(m: Migration) -> None:
                 edits.rewritten_uses.add(id(attribute.value))
             edits.touched_bindings[key] = (assignment, site)
         for attribute, name, dest in group:
-            m.report.move(attribute, name, dest, "attribute")
+            report_move(m, attribute, name, dest, "attribute")
 
 
 def _earliest_binding(m: Migration, refs):
@@ -93,8 +94,7 @@ def _move_binding_whole(m: Migration, site: ImportSite, assignment, group) -> bo
     if len(dests) != 1 or id(site) in edits.kept_sites:
         return False
     dest = dests.pop()
-    scope = facts.scopes.get(site.node)
-    if scope is None or len(list(scope.assignments[assignment.name])) != 1:
+    if not facts.only_binding(site, assignment.name, own_scope=True):
         return False
     used = {id(attribute.value) for attribute, _, _ in group}
     references = list(assignment.references)
@@ -173,12 +173,12 @@ def old_site_write(m: Migration, node, name: str, obj, refs, how: str) -> None:
             m.report(node, "MMS005", name, f"{how} of {old}.{name}: {name!r} now lives "
                      f"in {new}; patch it there (binding not resolvable)", False)
             return
-        if m.held(node, m.report.move_code(name)):
+        if m.held(node, move_code(m.facts.map, name)):
             return
         edits.expressions[obj] = dotted_expr(module_ref(m, site, new))
         edits.rewritten_uses.add(id(obj))
         edits.touched_bindings[id(refs[0])] = (refs[0], site)
-        m.report.move(node, name, new, how)
+        report_move(m, node, name, new, how)
         return
     if moved:
         # who reads the name where decides which patch reaches the code that calls it

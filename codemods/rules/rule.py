@@ -19,12 +19,18 @@ class Rule:
     """``plan`` reads the migration's facts and plans edits and findings; ``trigger`` says,
     from the file's ``ast`` scan alone, whether ``plan`` could do anything (it may say yes
     too often, never too rarely: a file no trigger lets through never reaches libcst).
-    ``codes`` are the finding codes this rule raises and owns."""
+    ``codes`` are the finding codes this rule raises and owns; those in
+    ``off_by_default`` are acted on only when a selection names them (``--select``,
+    ``--extend-select``, ``ALL``, a prefix); those in ``optional`` are acted on and
+    reported by default but fail ``--check`` only when a selection names them (rewrites
+    that are a tidy-up, not a fix)."""
 
     name: str
     plan: Callable[[Migration], None]
     trigger: Callable[[Scan], bool]
     codes: Codes = field(default_factory=dict)
+    off_by_default: frozenset[str] = frozenset()
+    optional: frozenset[str] = frozenset()
 
 
 def merge_codes(*tables: Codes) -> dict[str, tuple[str, str]]:

@@ -12,6 +12,9 @@ one for everything below it. Keys::
     force-exclude = false           # apply the excludes to files named on the command line
     map = "migrations/map.json"     # relative to the pyproject.toml
     acknowledge-fork = false        # settle MMS015: this fork's own old module was checked
+    select = ["ALL"]                # the codes to act on (default: all but the off-by-default)
+    extend-select = ["MMS016"]      # more codes on top of select
+    ignore = ["MMS005"]             # codes left alone
 
 Command-line options win over the file.
 """
@@ -32,7 +35,8 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = None
 
 TABLE = "mm-schedule-codemod"
-_KEYS = {"exclude", "extend-exclude", "respect-gitignore", "force-exclude", "map", "acknowledge-fork"}
+_KEYS = {"exclude", "extend-exclude", "respect-gitignore", "force-exclude", "map", "acknowledge-fork",
+         "select", "extend-select", "ignore"}
 
 
 class ConfigError(MMScheduleError, ValueError):
@@ -48,6 +52,9 @@ class Config:
     force_exclude: bool = False
     map: str | None = None
     acknowledge_fork: bool = False
+    select: tuple[str, ...] | None = None
+    extend_select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
     base: Path = field(default_factory=Path.cwd)  # folder that patterns are relative to
 
 
@@ -108,6 +115,9 @@ def config_in(folder: Path) -> Config | None:
         force_exclude=_flag(table.get("force-exclude", False), "force-exclude", pyproject),
         map=str(folder / map_path) if map_path else None,
         acknowledge_fork=_flag(table.get("acknowledge-fork", False), "acknowledge-fork", pyproject),
+        select=_strings(table["select"], "select", pyproject) if "select" in table else None,
+        extend_select=_strings(table.get("extend-select", []), "extend-select", pyproject),
+        ignore=_strings(table.get("ignore", []), "ignore", pyproject),
         base=folder,
     )
 

@@ -3,8 +3,10 @@
 Folders are walked for ``.py``, ``.pyi`` and ``.ipynb`` files. Left out, each with a
 reason ``-v`` prints:
 
-* what ``.gitignore`` files (the repository's, nested ones, negations),
-  ``.git/info/exclude`` and the user's global git excludes file ignore;
+* inside a git repository (as git and ruff read them), what ``.gitignore`` files
+  (the repository's, nested ones, negations), ``.git/info/exclude`` and the user's
+  global git excludes file ignore; everywhere, what ``.ignore`` files ignore (ruff's
+  and ripgrep's: also those in the folders above, and stronger than ``.gitignore``);
 * virtual environments, recognised by their ``pyvenv.cfg`` (or ``conda-meta``), not
   by their name: a package called ``env`` or ``build`` is processed;
 * tool and cache folders (``.git``, ``.tox``, ``__pycache__``, ``node_modules``, ...),
@@ -122,33 +124,50 @@ def _gitignore_rule(line: str, source: str) -> _Rule | None:
 
 
 class _Ignore:
-    """The ignore rules in force in one folder: its own ``.gitignore`` after its parents'."""
+    """The ignore rules in force in one folder: its parents' first, then its own
+    ``.gitignore`` (read only inside a git repository, as git and ruff read them), then
+    its own ``.ignore`` (read everywhere, and stronger than ``.gitignore``, as ruff reads
+    it). Later rules win; a folder's rules win over its parents'."""
 
-    def __init__(self, parent: _Ignore | None, base: Path, rules: list[_Rule]) -> None:
-        self.parent, self.base, self.rules = parent, base, rules
+    def __init__(self, parent: _Ignore | None, base: Path, rules: list[_Rule],
+                 in_repo: bool = False) -> None:
+        self.parent, self.base, self.rules, self.in_repo = parent, base, rules, in_repo
+        self._prefix = os.fspath(base).rstrip(os.sep) + os.sep
+        self._any = bool(rules) or (parent is not None and parent._any)
 
     def match(self, path: Path, is_dir: bool) -> _Rule | None:
         """The rule that ignores ``path``, or None if it is not ignored."""
+        if not self._any:
+            return None
         verdict = self.parent.match(path, is_dir) if self.parent else None
-        try:
-            rel = path.relative_to(self.base).as_posix()
-        except ValueError:
+        text = os.fspath(path)
+        if not self.rules or not text.startswith(self._prefix):
             return verdict
+        rel = _posix(text[len(self._prefix):])
         for rule in self.rules:
             if (not rule.dir_only or is_dir) and rule.regex.match(rel):
                 verdict = None if rule.negate else rule
         return verdict
 
-    def child(self, folder: Path, rules_file: Path | None = None) -> _Ignore:
-        """These rules and those of ``rules_file`` (default: the folder's ``.gitignore``),
-        whose patterns are relative to ``folder``."""
-        rules_file = rules_file or folder / ".gitignore"
+    def child(self, folder: Path, enabled: bool = True) -> _Ignore:
+        """The rules in force inside ``folder``, a folder below this one (or this one):
+        these, then ``folder``'s ``.gitignore`` (inside a repository) and ``.ignore``."""
+        if not enabled:
+            return self
+        in_repo = self.in_repo or os.path.exists(folder / ".git")
+        ignore = self if in_repo == self.in_repo else _Ignore(self, folder, [], in_repo)
+        if in_repo:
+            ignore = ignore.with_file(folder, folder / ".gitignore")
+        return ignore.with_file(folder, folder / ".ignore")
+
+    def with_file(self, folder: Path, rules_file: Path) -> _Ignore:
+        """These rules and those of ``rules_file``, whose patterns are relative to ``folder``."""
         try:
             lines = _text(rules_file).splitlines()
         except OSError:
             return self
         rules = [r for r in (_gitignore_rule(line, str(rules_file)) for line in lines) if r]
-        return _Ignore(self, folder, rules) if rules else self
+        return _Ignore(self, folder, rules, self.in_repo) if rules else self
 
 
 def _text(path: Path) -> str:
@@ -183,18 +202,24 @@ def repository_top(folder: Path) -> Path | None:
 
 
 def _ignore_for(folder: Path) -> _Ignore:
-    """Rules of the enclosing repository, weakest first: the user's global excludes file,
-    ``info/exclude``, then each ``.gitignore`` from the top down to ``folder``."""
+    """Rules in force in ``folder``, weakest first: the ``.ignore`` files of the folders
+    above its repository (all of them outside one); inside a repository the user's global
+    excludes file, ``info/exclude``, then each folder's ``.gitignore`` and ``.ignore``
+    from the top down to ``folder``."""
     chain = [folder, *folder.parents]
     top = repository_top(folder)
+    outside = chain if top is None else chain[chain.index(top) + 1:]
     ignore = _Ignore(None, folder, [])
+    for part in reversed(outside):
+        ignore = ignore.with_file(part, part / ".ignore")
     if top is None:
-        return ignore.child(folder)
+        return ignore
+    ignore = _Ignore(ignore, top, [], in_repo=True)
     global_file = _global_excludes()
     if global_file is not None:
-        ignore = ignore.child(top, global_file)
+        ignore = ignore.with_file(top, global_file)
     if (top / ".git").is_dir():
-        ignore = ignore.child(top, top / ".git" / "info" / "exclude")
+        ignore = ignore.with_file(top, top / ".git" / "info" / "exclude")
     for part in reversed(chain[: chain.index(top) + 1]):
         ignore = ignore.child(part)
     return ignore
@@ -223,14 +248,20 @@ class _Excludes:
             else:
                 self.names.append((re.compile(_glob_regex(clean) + "$"), pattern))
 
+        # one regex for the name patterns: most paths match none, and one search says so
+        self._any_name = re.compile("|".join(f"(?:{r.pattern})" for r, _ in self.names) or "(?!)")
+
     def match(self, path: Path) -> str | None:
-        for regex, pattern in self.names:
-            if regex.match(path.name):
-                return pattern
-        text = path.as_posix()
-        for regex, pattern in self.paths:
-            if regex.match(text):
-                return pattern
+        name = path.name
+        if self._any_name.match(name):
+            for regex, pattern in self.names:
+                if regex.match(name):
+                    return pattern
+        if self.paths:
+            text = path.as_posix()
+            for regex, pattern in self.paths:
+                if regex.match(text):
+                    return pattern
         return None
 
 
@@ -365,18 +396,19 @@ class Walker:
         if entry.is_symlink():
             self._link(path, ignore, root)
         elif entry.is_dir(follow_symlinks=False):
-            reason = self._folder_skip(path, real_folder / entry.name, ignore)
+            child = real_folder / entry.name
+            reason = self._folder_skip(path, child, ignore)
             if reason:
                 self.result.skipped.append((str(path), reason))
                 return None
-            child = real_folder / entry.name
-            return path, child, ignore.child(child) if self.gitignore else ignore
+            return path, child, ignore.child(child, self.gitignore)
         elif entry.name.endswith(SUFFIXES) and entry.is_file(follow_symlinks=False):
-            reason = self._file_skip(path, real_folder / entry.name, ignore)
+            real = real_folder / entry.name
+            reason = self._file_skip(path, real, ignore)
             if reason:
                 self.result.skipped.append((str(path), reason))
             else:
-                self.result.files.append(Found(path, real_folder / entry.name, root))
+                self.result.files.append(Found(path, real, root))
         elif entry.name.endswith(SUFFIXES):
             mode = entry.stat(follow_symlinks=False).st_mode
             self.result.skipped.append((str(path), f"{kind(mode)}, not a regular file (never opened)"))
@@ -455,12 +487,31 @@ def _link_problem(path: Path, exc: OSError) -> Failure:
 def shown(path: Path) -> str:
     """A path as reports and diffs name it: relative to the working folder if inside it,
     else absolute."""
-    for cwd in (Path.cwd().resolve(), Path.cwd()):
-        try:
-            return path.relative_to(cwd).as_posix()
-        except ValueError:
-            pass
-    return path.as_posix()
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return Path(text).as_posix()
+    cwd = os.getcwd()
+    for base in (_real_folder(cwd), cwd):
+        if text == base:
+            return "."
+        if text.startswith(base.rstrip(os.sep) + os.sep):
+            return _posix(text[len(base.rstrip(os.sep)) + 1:])
+    return _posix(text)
+
+
+def _posix(text: str) -> str:
+    return text if os.sep == "/" else text.replace(os.sep, "/")
+
+
+_REAL_FOLDERS: dict[str, str] = {}
+
+
+def _real_folder(folder: str) -> str:
+    """``folder`` with its symlinks resolved, remembered: every file of a run asks."""
+    real = _REAL_FOLDERS.get(folder)
+    if real is None:
+        real = _REAL_FOLDERS[folder] = os.path.realpath(folder)
+    return real
 
 
 def excluded_stdin(path: Path, config: Config, **options) -> str | None:

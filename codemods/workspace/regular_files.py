@@ -43,7 +43,13 @@ def read_regular(path) -> tuple[bytes, os.stat_result]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise NotRegularFile(path, info.st_mode)
-        with open(fd, "rb", closefd=False) as handle:
-            return handle.read(), info
+        # os.read, no buffered file object: one call reads the whole file (short of the
+        # size asked for: the end); a file that grew meanwhile is read on to its end
+        want = info.st_size + 1
+        chunks = [os.read(fd, want)]
+        while len(chunks[-1]) >= want:
+            chunks.append(os.read(fd, 1 << 20))
+            want = 1 << 20
+        return b"".join(chunks), info
     finally:
         os.close(fd)

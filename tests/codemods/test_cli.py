@@ -137,6 +137,7 @@ def test_gitignore_and_real_venvs_are_skipped_but_packages_named_env_or_build_ar
         (project / folder).mkdir()
         (project / folder / "x.py").write_text(MOVING)
     (project / "myenv" / "pyvenv.cfg").write_text("home = /usr\n")
+    (project / ".git").mkdir()  # .gitignore is read inside a repository
     (project / ".gitignore").write_text("ignored/\n*.gen.py\n")
     (project / "y.gen.py").write_text(MOVING)
     assert cli_main("--write", ".", map_file=map_file) == 0

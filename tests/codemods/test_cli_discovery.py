@@ -1,4 +1,5 @@
-"""Which files a run looks at: .gitignore (nested, negated, info/exclude), virtual
+"""Which files a run looks at: .gitignore (inside a repository; nested, negated,
+info/exclude), .ignore files, virtual
 environments, excludes from the command line and pyproject.toml, explicit paths,
 missing paths, symlink loops, unreadable folders, undecodable names."""
 
@@ -101,6 +102,7 @@ def test_the_config_of_a_path_is_found_upwards_from_it(tree, map_file, cli_main)
 
 
 def test_explicit_files_are_processed_unless_force_exclude(tree, map_file, cli_main):
+    (tree / ".git").mkdir()
     (tree / ".gitignore").write_text("ignored.py\n")
     _put(tree, "ignored.py", "gen/x.py")
     assert cli_main("--write", "ignored.py", "gen/x.py", "--extend-exclude", "gen",
@@ -179,13 +181,52 @@ def test_the_users_global_git_excludes_file_is_honoured(tree, map_file, monkeypa
     assert f"scratch_a.py: skipped, ignored by {home / 'global-ignore'}" in capsys.readouterr().err
 
 
-def test_gitignore_can_be_turned_off(tree, map_file, cli_main):
+def test_gitignore_and_ignore_files_can_be_turned_off(tree, map_file, cli_main):
+    (tree / ".git").mkdir()
     (tree / ".gitignore").write_text("ignored.py\n")
-    _put(tree, "ignored.py")
+    (tree / ".ignore").write_text("hidden.py\n")
+    _put(tree, "ignored.py", "hidden.py")
     assert cli_main("--write", ".", map_file=map_file) == 0
-    assert (tree / "ignored.py").read_text() == MOVING
+    assert _migrated(tree, "ignored.py", "hidden.py") == {"ignored.py": False, "hidden.py": False}
     assert cli_main("--write", ".", "--no-respect-gitignore", map_file=map_file) == 0
-    assert (tree / "ignored.py").read_text() == MOVED
+    assert _migrated(tree, "ignored.py", "hidden.py") == {"ignored.py": True, "hidden.py": True}
+
+
+def test_gitignore_applies_only_inside_a_git_repository(tree, map_file, capsys, cli_main):
+    """As git and ruff read it: outside a repository a ``.gitignore`` is an ordinary file."""
+    (tree / ".gitignore").write_text("ignored.py\n")
+    (tree / "repo").mkdir()
+    (tree / "repo" / ".git").mkdir()  # a repository below the folder walked starts there
+    (tree / "repo" / ".gitignore").write_text("ignored.py\n")
+    _put(tree, "ignored.py", "repo/ignored.py", "repo/kept.py")
+    assert cli_main("--write", "-v", ".", map_file=map_file) == 0
+    assert _migrated(tree, "ignored.py", "repo/ignored.py", "repo/kept.py") == {
+        "ignored.py": True, "repo/ignored.py": False, "repo/kept.py": True}
+    assert f"repo/ignored.py: skipped, ignored by {tree / 'repo' / '.gitignore'}" in capsys.readouterr().err
+
+
+def test_ignore_files_are_read_everywhere_and_win_over_gitignore(tree, map_file, capsys, cli_main):
+    """``.ignore`` (ripgrep's and ruff's): read outside a repository too, including in
+    the folders above the one walked, and its rules win over ``.gitignore``'s."""
+    (tree / ".ignore").write_text("scratch_*.py\n")
+    (tree / "project" / "sub").mkdir(parents=True)
+    (tree / "project" / "sub" / ".ignore").write_text("!scratch_keep.py\nlocal.py\n")
+    _put(tree, "project/scratch_a.py", "project/sub/scratch_keep.py", "project/sub/local.py",
+         "project/main.py")
+    assert cli_main("--write", "-v", "project", map_file=map_file) == 0
+    assert _migrated(tree, "project/scratch_a.py", "project/sub/scratch_keep.py",
+                     "project/sub/local.py", "project/main.py") == {
+        "project/scratch_a.py": False, "project/sub/scratch_keep.py": True,
+        "project/sub/local.py": False, "project/main.py": True}
+    assert f"project/scratch_a.py: skipped, ignored by {tree / '.ignore'}" in capsys.readouterr().err
+    (tree / ".git").mkdir()
+    (tree / ".gitignore").write_text("!scratch_b.py\nmain.py\n")
+    (tree / "project" / ".ignore").write_text("!main.py\n")
+    _put(tree, "project/scratch_b.py", "project/main.py")
+    assert cli_main("--write", "project", map_file=map_file) == 0
+    # .gitignore cannot re-include what .ignore leaves out; .ignore can re-include
+    assert _migrated(tree, "project/scratch_b.py", "project/main.py") == {
+        "project/scratch_b.py": False, "project/main.py": True}
 
 
 @pytest.mark.parametrize("xdg", [False, True], ids=["home-config", "xdg-config-home"])
@@ -207,6 +248,7 @@ def test_gits_default_global_excludes_file_is_honoured(tree, map_file, monkeypat
 
 
 def test_gitignore_escaped_spaces_are_part_of_the_name(tree, map_file, capsys, cli_main):
+    (tree / ".git").mkdir()
     (tree / ".gitignore").write_text("foo\\ bar.py\ntrail\\ \nplain.py   \n")
     for name in ("foo bar.py", "trail ", "plain.py", "foo\\ bar.py", "kept.py"):
         (tree / name).write_text(MOVING)

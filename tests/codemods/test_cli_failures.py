@@ -228,6 +228,7 @@ def test_fifos_are_never_opened_for_reading(tree, map_file):
     (tree / ".git").mkdir()
     os.mkfifo(tree / "pipe.py")
     os.mkfifo(tree / "sub" / ".gitignore")
+    os.mkfifo(tree / "sub" / ".ignore")
     os.mkfifo(tree / "sub" / "pyproject.toml")
     os.symlink("pipe.py", tree / "link.py")
     report = tree.parent / "r.json"

@@ -158,28 +158,38 @@ def test_json_on_stdout_and_a_diff_together_are_refused(tree, map_file, capsys):
     assert "--json - and --diff both write to stdout" in capsys.readouterr().err
 
 
-def test_target_version_reports_names_lost_before_the_maps_range(tmp_path, monkeypatch, capsys):
+def test_names_the_old_module_lost_in_any_release_are_reported_by_default(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Gone from mm_utils since 0.5.5.post1 (renamed to init_mm_embedding_cache): an
+    ImportError on every later release, so reported without asking, naming the last
+    release that had it; aimed at a release that still has it, the use is fine."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.py").write_text("from sglang.srt.managers.mm_utils import init_embedding_cache\n")
+    assert cli.main(["old.py"]) == 1
+    out = capsys.readouterr().out
+    assert ("old.py:1:42: MMS009 [manual] 'init_embedding_cache' is gone from "
+            "sglang.srt.managers.mm_utils: last in sglang 0.5.5 (gone since 0.5.5.post1)") in out
+    for release in ("0.4.6.post5", "0.5.5"):
+        assert cli.main(["old.py", "--target-version", release]) == 0, release
+        assert "MMS009" not in capsys.readouterr().out
+    assert cli.main(["old.py", "--target-version", "0.5.5.post1"]) == 1
+    assert "last in sglang 0.5.5" in capsys.readouterr().out
+
+
+def test_target_version_accepts_every_release_the_map_covers(tmp_path, monkeypatch, capsys):
     from mm_schedule.codemods.movemap.schema import load_map
 
-    earlier = sorted(load_map().earlier)
-    assert earlier, "the shipped map records names lost in earlier releases"
-    target = load_map().header["target_version"]
+    releases = load_map().releases
+    assert releases[0] == "0.4.4.post2" and "0.5.17" in releases and "0.5.23" in releases
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "old.py").write_text(f"from sglang.srt.managers.mm_utils import {earlier[0]}\n")
-    assert cli.main(["old.py"]) == 0  # not in the map's range: nothing to say
-    capsys.readouterr()
-    assert cli.main(["old.py", "--target-version", target]) == 1
-    out = capsys.readouterr().out
-    assert "old.py:1:42: MMS009 [manual]" in out and earlier[0] in out
-    assert cli.main(["old.py", "--target-version", "0.0.1"]) == 3
-    assert "this map targets" in capsys.readouterr().err
-    # a name SGLang had before 0.5.9 and renamed (init_mm_embedding_cache since)
-    (tmp_path / "old.py").write_text("from sglang.srt.managers.mm_utils import init_embedding_cache\n")
-    assert cli.main(["old.py"]) == 0
-    capsys.readouterr()
-    assert cli.main(["old.py", "--target-version", target]) == 1
-    out = capsys.readouterr().out
-    assert "old.py:1:42: MMS009 [manual] 'init_embedding_cache' is gone from sglang.srt.managers.mm_utils" in out
+    (tmp_path / "a.py").write_text("from sglang.srt.managers.mm_utils import get_embedding_chunk\n")
+    # moved in the split (0.5.18): rewritten when aiming at or after it, left alone before
+    assert cli.main(["a.py", "--target-version", "0.5.18"]) == 1
+    assert "MMS001" in capsys.readouterr().out
+    assert cli.main(["a.py", "--target-version", "0.5.17"]) == 0
+    assert capsys.readouterr().out == ""
+    assert cli.main(["a.py", "--target-version", "0.0.1"]) == 3
+    assert "sglang 0.0.1 is not a release this map covers (0.4.4.post2 to" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("mode, status", [("--check", 1), ("--diff", 1), ("--write", 0)])

@@ -426,6 +426,95 @@ def test_from_wheels_paths(tmp_path):
     ]
 
 
+def test_history_records_when_each_module_bound_each_name(tmp_path):
+    old, new = _two_wheels(tmp_path)
+    early = _wheel(tmp_path / "demo-0.9-py3-none-any.whl", "demo", "0.9", {
+        "demo/core/util.py": "def f(): ...\ndef g(): ...\ndef h(): ...\n"})
+    later = _wheel(tmp_path / "demo-3.0-py3-none-any.whl", "demo", "3.0", {
+        "demo/core/util.py": "def g(): ...\ndef h(): ...\n", "demo/core/sched.py": "state = None\n"})
+    m = derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util",
+                                  new_module="demo.core.sched",
+                                  history=[str(w) for w in (early, old, new, later)])
+    assert m.releases == ("0.9", "1.0", "2.0", "3.0")
+    assert m.lifetimes["old_module"]["h"] == (("0.9", "0.9"), ("3.0", "3.0"))
+    assert m.lifetimes["old_module"]["f"] == (("0.9", "2.0"),)  # re-exported in 2.0
+    assert m.lifetimes["new_module"]["f"] == (("2.0", "2.0"),)
+    assert "--history demo-0.9-py3-none-any.whl" in m.header["command"]
+    digest = m.header["history_sha256"]
+    assert len(digest) == 64
+    _wheel(later, "demo", "3.0", {"demo/core/util.py": "def g(): ...\n"})
+    assert derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util",
+                                     new_module="demo.core.sched",
+                                     history=[str(w) for w in (early, old, new, later)]
+                                     ).header["history_sha256"] != digest
+    aimed = m.for_target("3.0")  # f left the new module again: nothing to rewrite it to
+    assert "f" not in aimed.moved and "f" in aimed.removed and "h" not in aimed.removed
+    assert "which had it last in demo 2.0 (gone since 3.0)" in aimed.earlier["f"]
+    with pytest.raises(MoveMapError, match=r"lists a release twice: \['1.0'\]"):
+        derive.derive_from_wheels(str(old), str(new), old_module="demo.core.util",
+                                  new_module="demo.core.sched", history=[str(old), str(old)])
+
+
+def _serve_ranges(folder: Path):
+    """A PEP 691 index of the wheels in ``folder`` that answers range requests, and the
+    number of requests it answered."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _body(self) -> bytes:
+            if self.path.startswith("/simple/"):
+                files = [{"filename": w.name, "url": f"http://127.0.0.1:{server.server_port}/{w.name}"}
+                         for w in sorted(folder.glob("*.whl"))]
+                return json.dumps({"files": files}).encode()
+            return (folder / self.path.lstrip("/")).read_bytes()
+
+        def do_HEAD(self):
+            body = self._body()
+            self.send_response(200)
+            self.send_header("Accept-Ranges", "bytes")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+
+        def do_GET(self):
+            seen.append(self.path)
+            body = self._body()
+            start, _, end = self.headers.get("Range", "bytes=0-").removeprefix("bytes=").partition("-")
+            part = body[int(start): int(end or len(body) - 1) + 1]
+            self.send_response(206 if "Range" in self.headers else 200)
+            self.send_header("Content-Length", str(len(part)))
+            self.end_headers()
+            self.wfile.write(part)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, seen
+
+
+def test_history_pins_are_read_off_the_index_one_file_at_a_time(tmp_path):
+    """A pin not in the cache: only the module's file is fetched (range requests), kept in
+    the cache, and read from there the next time; a release without the module is None."""
+    _two_wheels(tmp_path / "index")
+    server, seen = _serve_ranges(tmp_path / "index")
+    cache = tmp_path / "cache"
+    try:
+        index = f"http://127.0.0.1:{server.server_port}/simple"
+        got = sources.release_source("demo==2.0", "demo.core.sched", cache, index)
+        assert got.text.startswith("def f(): ...") and got.origin == "demo 2.0: demo/core/sched.py"
+        assert sources.release_source("demo==1.0", "demo.core.sched", cache, index) is None
+        asked = len(seen)
+        assert sources.release_source("demo==2.0", "demo.core.sched", cache, index) == got
+        assert len(seen) == asked  # from the cache now
+    finally:
+        server.shutdown()
+    assert not list(cache.glob("*.whl"))  # no wheel was downloaded
+
+
 def test_from_wheels_pinned_requirement_uses_the_cache(tmp_path):
     _two_wheels(tmp_path / "cache")
     m = derive.derive_from_wheels(
@@ -565,16 +654,21 @@ def test_shipped_sglang_map_is_exactly_what_derive_produces():
     rw = realworld_helpers()
     old, new = rw.sglang_wheel("0.5.17"), rw.sglang_wheel("0.5.18")
     assert old.is_file() and new.is_file()
-    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=[
-        "sglang==0.4.6", "sglang==0.4.9", "sglang==0.5.2", "sglang==0.5.9"], cache=rw.wheel_cache())
-    shipped = load_map()
+    shipped = load_map(aimed=False)
+    history = shipped.header["command"].split("--history ")[1].split()
+    assert history[0] == "sglang==0.4.4.post2" and history[-1] == "sglang==0.5.23"
+    m = derive.derive_from_wheels("sglang==0.5.17", "sglang==0.5.18", history=history,
+                                  cache=rw.wheel_cache())
     assert m.to_json() == shipped.to_json()
     # 0.5.18's own embed_mm_inputs (in mm_utils) calls get_embedding_and_mask through
     # mm_utils' globals, so patching it there still reaches that caller
     assert m.looked_up_in["get_embedding_and_mask"] == ("sglang.srt.managers.mm_utils",)
-    assert m.header["target_version"] == "0.5.18" and m.earlier
-    # renamed to init_mm_embedding_cache between the sampled releases 0.5.2 and 0.5.9
-    assert "init_embedding_cache" in m.earlier and "0.5.2" in m.earlier["init_embedding_cache"]
+    assert m.header["split_version"] == "0.5.18" and "target_version" not in m.header
+    assert m.releases == tuple(h.split("==")[1] for h in history)
+    # renamed to init_mm_embedding_cache in 0.5.5.post1
+    assert m.lifetimes["old_module"]["init_embedding_cache"] == (("0.4.6.post5", "0.5.5"),)
+    assert m.lifetimes["new_module"]["_acknowledge_deferred_cuda_ipc_cache_hits"] == (
+        ("0.5.18", "0.5.21"),)
     # The facts the SGLang split is known for (reference, section 1.2/1.3).
     assert len(m.moved) == 20 and sum(v.private for v in m.moved.values()) == 14
     assert m.reexported == {"DataEmbeddingFunc", "get_embedding_and_mask", "init_mm_embedding_cache"}

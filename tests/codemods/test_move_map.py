@@ -117,13 +117,72 @@ def test_duplicate_keys_in_a_map_file_are_refused(tmp_path):
 
 def test_target_version_reports_names_lost_before_the_maps_range():
     data = {"old_module": "o", "new_module": "n", "moved": {}, "earlier": {"gone": "last in 0.4.6"},
-            "header": {"target_version": "0.5.18", "distribution": "sglang"}}
+            "header": {"split_version": "0.5.18", "distribution": "sglang"}}
     m = MoveMap.from_dict(data)
     assert "gone" not in m.removed and "gone" not in m.interesting
     targeted = m.for_target("0.5.18")
     assert "gone" in targeted.removed and "gone" in targeted.interesting
-    with pytest.raises(MoveMapError, match=r"targets sglang 0\.5\.18, not 0\.5\.19"):
+    with pytest.raises(MoveMapError, match=r"covers sglang 0\.5\.18 only, not 0\.5\.19"):
         m.for_target("0.5.19")
+
+
+# Four releases: "b" left the old module in r2; the split is r3 ("f" moves, "g" stays
+# re-exported); r4 drops "f" from the new module again and brings "b" back.
+LIFETIMES = {
+    "header": {"distribution": "dist"},
+    "old_module": "o", "new_module": "n",
+    "moved": {"f": {"kind": "function", "private": False}, "g": {"kind": "function", "private": False},
+              "h": {"kind": "function", "private": False}},
+    "reexported": ["g"],
+    "import_origins": {"t": "typing"},
+    "releases": ["r1", "r2", "r3", "r4"],
+    "lifetimes": {
+        "old_module": {"f": [["r1", "r2"]], "g": [["r1", "r4"]], "h": [["r2", "r2"]],
+                       "b": [["r1", "r1"], ["r4", "r4"]], "t": [["r1", "r2"]]},
+        "new_module": {"f": [["r3", "r3"]], "g": [["r3", "r4"]], "h": [["r3", "r4"]]},
+    },
+}
+
+
+@pytest.mark.parametrize(("release", "moved", "reexported", "removed", "origins"), [
+    ("r1", set(), set(), set(), {}),  # before the split: only names already gone count
+    ("r2", set(), set(), {"b"}, {}),
+    ("r3", {"f", "g", "h"}, {"g"}, {"b"}, {"t": "typing"}),
+    ("r4", {"g", "h"}, {"g"}, {"f"}, {"t": "typing"}),  # "b" is back; "f" left the new module
+])
+def test_a_map_aims_at_any_release_it_covers(release, moved, reexported, removed, origins):
+    m = MoveMap.from_dict(LIFETIMES).for_target(release)
+    assert (set(m.moved), set(m.reexported), set(m.removed), m.import_origins) == (
+        moved, reexported, removed, origins)
+    assert set(m.earlier) == removed
+
+
+def test_the_note_names_the_last_release_that_had_the_name():
+    assert MoveMap.from_dict(LIFETIMES).for_target("r3").earlier == {
+        "b": "last in dist r1 (gone since r2)"}
+    assert MoveMap.from_dict(LIFETIMES).for_target("r4").earlier == {
+        "f": "it moved to n, which had it last in dist r3 (gone since r4)"}
+
+
+def test_a_map_is_aimed_at_its_newest_release_by_default(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(LIFETIMES))
+    assert load_map(path) == MoveMap.from_dict(LIFETIMES).for_target("r4")
+    assert load_map(path, aimed=False) == MoveMap.from_dict(LIFETIMES)
+    with pytest.raises(MoveMapError, match=r"dist r9 is not a release this map covers \(r1 to r4\)"):
+        load_map(path, target_version="r9")
+
+
+@pytest.mark.parametrize(("patch", "needle"), [
+    ({"releases": ["r1", "r1"]}, "releases: lists an entry twice"),
+    ({"lifetimes": {"old_module": {"f": [["r2", "r1"]]}}}, "is not a run of releases"),
+    ({"lifetimes": {"old_module": {"f": [["r1", "r9"]]}}}, "is not a run of releases"),
+    ({"lifetimes": {"other": {}}}, "unknown keys"),
+    ({"lifetimes": {"old_module": {"f": "r1"}}}, r"expected a list of \[first, last\]"),
+])
+def test_malformed_lifetimes_are_refused(patch, needle):
+    with pytest.raises(MoveMapError, match=needle):
+        MoveMap.from_dict({**LIFETIMES, **patch})
 
 
 def test_missing_required_key():
@@ -159,7 +218,7 @@ def test_shipped_map_is_canonical_and_generated():
     """The packaged map is derive output (header names the command) in canonical form."""
     from importlib import resources
 
-    m = load_map()
+    m = load_map(aimed=False)
     text = resources.files("mm_schedule.codemods").joinpath("maps", "sglang_mm_schedule.json").read_text("utf-8")
     assert m.to_json() == text
     assert m.header["command"].startswith("mm-schedule-codemod derive ")

@@ -79,3 +79,27 @@ def test_the_write_hook_fixes_the_staged_files_then_the_check_passes(repo):
     assert "mm_utils" in (repo / "generated_pb2.py").read_text()
     subprocess.run(["git", "add", "."], cwd=repo, check=True)
     assert _run(repo, hooks["mm-schedule-codemod"]).returncode == 0
+
+
+def test_the_write_hook_on_a_staged_file_of_a_pre_split_fork_warns(tmp_path):
+    """pre-commit passes only the staged files: the hook must still find the fork's own
+    mm_utils (SGLang's layout, ``python/sglang/...`` under the repository root), warn
+    (MMS015) and fail the commit, and not call the names that copy defines gone."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "fork"
+    managers = repo / "python" / "sglang" / "srt" / "managers"
+    managers.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "python" / "sglang" / "__init__.py").write_text("")
+    (managers / "mm_utils.py").write_text(
+        "def get_embedding_chunk():\n    pass\n\n\ndef init_embedding_cache(size):\n    pass\n")
+    staged = managers / "scheduler.py"
+    staged.write_text("from sglang.srt.managers.mm_utils import get_embedding_chunk, "
+                      "init_embedding_cache\n")
+    subprocess.run(["git", "add", str(staged)], cwd=repo, check=True)
+    done = _run(repo, _hooks()["mm-schedule-codemod-write"])
+    assert done.returncode == 1, done.stderr
+    assert "warning: python/sglang/srt/managers/mm_utils.py: this tree has its own" in done.stderr
+    assert "MMS015" in done.stdout and "MMS009" not in done.stdout
+    assert "mm_schedule import get_embedding_chunk\n" in staged.read_text()  # as a whole-tree run

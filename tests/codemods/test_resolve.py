@@ -8,7 +8,12 @@ import ast
 
 import pytest
 
-from mm_schedule.codemods.engine.resolve import absolute_module, relative_base, relative_tail
+from mm_schedule.codemods.engine.resolve import (
+    absolute_module,
+    package_for,
+    relative_base,
+    relative_tail,
+)
 from mm_schedule.codemods.movemap.bindings import resolve_import
 from mm_schedule.errors import MoveMapError
 
@@ -71,3 +76,34 @@ def test_derive_resolves_with_the_same_climb():
         resolve_import(_import("from ....x import y"), "a.b.c", "f.py")
     with pytest.raises(MoveMapError, match="beyond the top-level package ''"):
         resolve_import(_import("from . import y"), "", "f.py")
+
+
+def _fork_layout(root):
+    """A fork's ``python/sglang/...``: ``sglang`` is a regular package, ``srt`` and
+    ``managers`` are namespace folders inside it (no ``__init__.py``)."""
+    managers = root / "python" / "sglang" / "srt" / "managers"
+    managers.mkdir(parents=True)
+    (root / "python" / "sglang" / "__init__.py").write_text("")
+    user = managers / "scheduler.py"
+    user.write_text("from .mm_utils import get_embedding_chunk\n")
+    return user
+
+
+def test_namespace_folders_inside_a_package_count_as_package_levels(tmp_path):
+    user = _fork_layout(tmp_path)
+    # each namespace folder is one level; the climb stops above the regular package
+    assert package_for(user, tmp_path) == "sglang.srt.managers"
+    assert package_for(user.parent.parent / "x.py", tmp_path) == "sglang.srt"
+    assert package_for(tmp_path / "python" / "sglang" / "x.py", tmp_path) == "sglang"
+    # a namespace folder with no regular package above it is no package: root-relative
+    loose = tmp_path / "tools" / "ns"
+    loose.mkdir(parents=True)
+    assert package_for(loose / "x.py", tmp_path) == "tools.ns"
+
+
+def test_a_relative_import_in_a_forks_namespace_folder_is_rewritten(tmp_path, monkeypatch, cli_main,
+                                                                  map_file):
+    user = _fork_layout(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main("--write", "python", map_file=map_file) == 0
+    assert user.read_text() == "from .mm_schedule import get_embedding_chunk\n"

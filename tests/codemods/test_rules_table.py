@@ -62,6 +62,7 @@ def test_a_rule_added_to_the_table_is_asked_by_the_gate_and_run(move_map, monkey
     source = 'x = "mm_utils-probe"\n'  # mentions the old module's base name, nothing any rule cares about
     assert migrate_source(source, move_map, path="t.py").findings == []
     monkeypatch.setattr(rules, "RULES", (*rules.RULES, probe))
+    monkeypatch.setattr(rules, "DEFAULT_SELECTION", rules.DEFAULT_SELECTION | {"MMS999"})
     outcome = migrate_source(source, move_map, path="t.py")
     assert seen == ["t.py"] and [f.code for f in outcome.findings] == ["MMS999"]
 
@@ -81,3 +82,43 @@ def test_every_code_raised_in_the_package_is_owned_once():
     assert len(owned) == len(set(owned))
     with pytest.raises(ValueError, match="MMS001 is owned by two rules"):
         merge_codes({"MMS001": ("a", "b")}, {"MMS001": ("c", "d")})
+
+
+def test_each_code_is_defined_once_in_the_file_of_the_rule_that_owns_it():
+    """A code's name and meaning are written where its rule is: the rule's own file (or,
+    for the codes settled outside a file's rules, the fork check and the suppressions)."""
+    from mm_schedule.codemods.report import suppression
+    from mm_schedule.codemods.rules import fork
+
+    package = Path(rules.__file__).parent.parent
+    definitions: dict[str, list[str]] = {}
+    for path in package.rglob("*.py"):
+        for code in re.findall(r'^\s*"(MMS0\d\d)": \(', path.read_text("utf-8"), re.M):
+            definitions.setdefault(code, []).append(path.relative_to(package).as_posix())
+    owners = {code: f"rules/{Path(rule.plan.__code__.co_filename).name}"
+              for rule in rules.RULES for code in rule.codes}
+    owners.update({code: "rules/fork.py" for code in fork.CODES})
+    owners.update({code: "report/suppression.py" for code in suppression.CODES})
+    assert sorted(owners) == sorted(rules.CODES)
+    for code in rules.CODES:
+        # suppression.py names its code through a constant
+        expected = [] if owners[code] == "report/suppression.py" else [owners[code]]
+        assert definitions.get(code, []) == expected, code
+    assert rules.CODES[suppression.UNUSED] == suppression.CODES[suppression.UNUSED]
+    core = {"MMS001", "MMS002", "MMS003", "MMS009", "MMS010"}
+    assert {owners[c] for c in core} == {"rules/from_imports.py"}
+    assert "MMS0" not in (package / "report" / "reporter.py").read_text("utf-8")
+
+
+def test_the_docs_table_of_codes_is_generated_from_the_rules(monkeypatch):
+    from mm_schedule.codemods.report import code_table
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "codemod.md"
+    text = docs.read_text("utf-8")
+    assert code_table.render(text) == text, (
+        "docs/codemod.md is stale: run python -m mm_schedule.codemods.report.code_table docs/codemod.md")
+    for code, (name, _) in rules.CODES.items():
+        assert f"| `{code}` | `{name}` |" in text
+    # a change to the rules shows: the table would be written differently
+    monkeypatch.setattr(rules, "CODES", {**rules.CODES, "MMS001": ("renamed", "x")})
+    assert code_table.render(text) != text

@@ -325,9 +325,18 @@ def test_target_version_reports_names_gone_before_the_maps_range():
     from mm_schedule.codemods.movemap.schema import load_map
 
     source = "from sglang.srt.managers.mm_utils import get_embedding_chunk_remove_extra_padding\n"
-    assert migrate_source(source, load_map(), path="t.py").findings == []
-    findings = migrate_source(source, load_map(target_version="0.5.18"), path="t.py").findings
-    assert [f.code for f in findings] == ["MMS009"] and "0.5.9" in findings[0].message
+    assert migrate_source(source, load_map(target_version="0.5.9"), path="t.py").findings == []
+    findings = migrate_source(source, load_map(), path="t.py").findings
+    assert [f.code for f in findings] == ["MMS009"]
+    assert "last in sglang 0.5.9 (gone since 0.5.10)" in findings[0].message
+    # moved in the split, then dropped from the new module in 0.5.22: rewritten when aiming
+    # at 0.5.21, reported (nothing to rewrite to) at the newest release
+    private = "from sglang.srt.managers.mm_utils import _acknowledge_deferred_cuda_ipc_cache_hits\n"
+    assert [f.code for f in migrate_source(private, load_map(target_version="0.5.21"),
+                                           path="t.py").findings] == ["MMS002"]
+    findings = migrate_source(private, load_map(), path="t.py").findings
+    assert [f.code for f in findings] == ["MMS009"]
+    assert "moved to sglang.srt.managers.mm_schedule, which had it last in sglang 0.5.21" in findings[0].message
 
 
 def test_a_module_alias_for_the_new_module_reads_like_the_users_alias(check):
