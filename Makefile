@@ -8,19 +8,20 @@ STAMP  := $(VENV)/.installed-v3
 # torch is pinned to its CPU build: an unpinned torch would pull a multi-GB CUDA build.
 TORCH      := torch==2.13.0
 # What the tests, the demo and the peers' modules they load import, on both stacks below.
-TEST_PINS  := libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 matplotlib==3.10.7 pillow==13.0.0 pyyaml==6.0.4
-DEV_PINS   := triton==3.9.0 numpy==2.4.6 ruff==0.14.0 $(TEST_PINS)
+TEST_PINS  := libcst==1.9.0 pytest==8.4.2 hypothesis==6.140.0 ruff==0.14.0 matplotlib==3.10.7 pillow==13.0.0 \
+              pyyaml==6.0.4
+DEV_PINS   := triton==3.9.0 numpy==2.4.6 $(TEST_PINS)
 # kernels is Hugging Face's kernel-hub package, which transformers imports when it is
 # installed; 0.12.3 is its newest release that accepts transformers 4.57's huggingface-hub<1.
 DEMO_PINS  := transformers==4.57.1 kernels==0.12.3
 
-# `make test-stack2`: the suite once more on the stack of the GPU machines the kernels first
-# run on (Python 3.12 where there is one, else 3.11). PyPI has torch 2.11 only as its CUDA 13
+# `make test-stack2`: the suite once more on the other stack in use today, that of CUDA 13 GPU
+# servers (Python 3.12 where there is one, else 3.11). PyPI has torch 2.11 only as its CUDA 13
 # build, which imports and runs on a machine without a GPU once its nvidia-* wheels are
 # installed beside it; pip brings them (about 3 GB, once: the environment is cached).
 STACK2_VENV   := .venv-stack2
 STACK2_BIN    := $(STACK2_VENV)/bin
-STACK2_STAMP  := $(STACK2_VENV)/.installed-v1
+STACK2_STAMP  := $(STACK2_VENV)/.installed-v2
 STACK2_PYTHON ?= $(shell for p in python3.12 "$$(pyenv prefix "$$(pyenv latest 3.12 2>/dev/null)" 2>/dev/null)/bin/python3.12" python3.11; do \
                    "$$p" -c "" 2>/dev/null && { echo "$$p"; break; }; done)
 STACK2_PINS   := torch==2.11.0 triton==3.6.0 numpy==2.4.6 transformers==5.25.0 kernels==0.19.1 $(TEST_PINS)
