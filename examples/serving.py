@@ -10,6 +10,7 @@ by-item path, which it keeps on ROCm, NPU and XPU, does).
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,6 +99,8 @@ def decode_chunk(model: Any, request: Request, embeds: torch.Tensor, prefix: int
     kwargs = {"cache_position": torch.arange(prefix, prefix + n)}
     if positions is not None:
         kwargs["position_ids"] = positions[..., prefix : prefix + n]
+    # transformers 5.x renamed the forward's past_key_values to cache (the old name warns).
+    kwargs["cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"] = request.kv
     with torch.no_grad():
-        out = model(inputs_embeds=embeds[None], past_key_values=request.kv, use_cache=True, **kwargs)
+        out = model(inputs_embeds=embeds[None], use_cache=True, **kwargs)
     request.last_logits = out.logits[0, -1]

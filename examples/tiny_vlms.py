@@ -5,7 +5,9 @@ SigLIP tower, Gemma 3), built from configs with a few narrow layers: nothing is
 downloaded. ``TinyVLM.prompt`` lays out what the model's processor would return for a
 prompt: ``input_ids`` with the model's placeholder runs (and its begin/end-of-image
 tokens), pixels in the model's layout (flattened patch rows plus a ``(t, h, w)`` grid
-per image for Qwen, ``[N, 3, S, S]`` for the others).
+per image for Qwen, ``[N, 3, S, S]`` for the others), and the token types the installed
+transformers' processor adds (Gemma 3's ``token_type_ids``; Qwen's ``mm_token_type_ids``
+from 5.x on, which its forward and ``get_rope_index`` then need).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import torch
 
+from mm_schedule.integrations.transformers import transformers_major, vision_rows
 from mm_schedule.tolerance import (
     reorder_tolerance,  # noqa: F401  (the demo and tests read it from here)
 )
@@ -23,6 +26,7 @@ from mm_schedule.tolerance import (
 VOCAB = 128
 TEXT_IDS = 100  # ordinary text tokens are drawn below this; model-specific tokens sit above
 IMAGE_ID, VIDEO_ID, BEGIN_ID, END_ID = 120, 121, 122, 123
+BOS_ID, EOS_ID = 124, 125  # inside the tiny vocabulary (Qwen's defaults are not; 5.x warns)
 HIDDEN = 32
 PATCH = 4
 IMAGE_PX = 16  # LLaVA and Gemma 3 images: 16 x 16 px, 4 x 4 patches
@@ -38,7 +42,7 @@ VISION_INPUTS = (
 def _text(**extra: Any) -> dict:
     return dict(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, **extra,
+        num_attention_heads=4, num_key_value_heads=2, bos_token_id=BOS_ID, eos_token_id=EOS_ID, **extra,
     )
 
 
@@ -110,6 +114,7 @@ class TinyVLM:
         self.kind = kind
         self.model = build_model(kind, seed=seed)
         self.qwen = kind.startswith("qwen")
+        self.transformers_major = transformers_major(self.model)
 
     def tokens_per_image(self) -> int:
         if self.kind == "gemma3":
@@ -138,6 +143,9 @@ class TinyVLM:
             ids += ([BEGIN_ID] if wrap else []) + [VIDEO_ID if part.video else IMAGE_ID] * part.tokens
             ids += [END_ID] if wrap else []
         out = {"input_ids": torch.tensor([ids])}
+        types = self._token_types(out["input_ids"])
+        if types is not None:
+            out["mm_token_type_ids" if self.qwen else "token_type_ids"] = types
         stills = [im for im in images if not im.video]
         videos = [im for im in images if im.video]
         if self.qwen:
@@ -150,6 +158,12 @@ class TinyVLM:
         elif stills:
             out["pixel_values"] = torch.stack([im.pixels for im in stills])
         return out
+
+    def _token_types(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """0 for text, 1 for image and 2 for video placeholders, where the processor adds them."""
+        if self.kind == "gemma3" or (self.qwen and self.transformers_major >= 5):
+            return (ids == IMAGE_ID).long() + 2 * (ids == VIDEO_ID).long()
+        return None
 
     @property
     def vision(self) -> tuple[torch.nn.Module, ...]:
@@ -166,7 +180,8 @@ class TinyVLM:
                 if pixels_key not in inputs:
                     continue
                 encode = getattr(self.model, method)
-                feats = encode(inputs[pixels_key], inputs[grid_key]) if self.qwen else encode(inputs[pixels_key])
+                out = encode(inputs[pixels_key], inputs[grid_key]) if self.qwen else encode(inputs[pixels_key])
+                feats = vision_rows(out, method)
                 rows[modality] = torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, HIDDEN)
         return rows
 
@@ -190,10 +205,17 @@ class TinyVLM:
 
     def forward_kwargs(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
         """What the decoder needs besides ``inputs_embeds`` to match the model's own forward
-        on ``inputs``: Qwen's M-RoPE positions depend on the whole prompt's grids."""
+        on ``inputs``: Qwen's M-RoPE positions depend on the whole prompt's grids (5.x reads
+        the placeholders from ``mm_token_type_ids``, 4.x from ``input_ids``); Gemma 3's
+        image tokens attend to each other both ways by ``token_type_ids``."""
+        if self.kind == "gemma3":
+            return {"token_type_ids": inputs["token_type_ids"]}
         if not self.qwen:
             return {}
-        positions, _ = self.model.model.get_rope_index(
-            inputs["input_ids"], inputs.get("image_grid_thw"), inputs.get("video_grid_thw"), None
-        )
+        grids = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
+        rope_index = self.model.model.get_rope_index
+        if "mm_token_type_ids" in inputs:
+            positions, _ = rope_index(inputs["input_ids"], inputs["mm_token_type_ids"], *grids)
+        else:
+            positions, _ = rope_index(inputs["input_ids"], *grids, None)
         return {"position_ids": positions}

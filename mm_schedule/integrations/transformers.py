@@ -19,13 +19,15 @@ Supported (``config.model_type``):
 * ``llava`` (any vision tower: CLIP, SigLIP, ...), ``gemma3``: pixels ``[N, C, H, W]``,
   one image per entry, all images of a model the same number of rows.
 
-Importing this module imports torch; transformers itself is never imported (the model
-object is all the adapter needs).
+Tested with transformers 4.57 and 5.x: 5.x returns the vision rows inside a
+``BaseModelOutputWithPooling`` (``vision_rows`` reads both). Importing this module imports
+torch; transformers itself is never imported (the model object is all the adapter needs).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,6 +124,8 @@ class VisionAdapter:
         self.model = model
         self.paths = {p.modality: p for p in vision_paths(model)}
         self.model_id = f"{model_id or default_model_id(model)}|{model.dtype}"
+        # 5.x returns a tuple instead of its output object under a config's return_dict=False.
+        self._encode_kwargs = {"return_dict": True} if transformers_major(model) >= 5 else {}
         self.calls = 0
 
     # -- items -------------------------------------------------------------------------
@@ -224,11 +228,11 @@ class VisionAdapter:
             if path.grid_key is not None:
                 pixels = torch.cat([it.feature for it in items]).to(device)
                 grids = torch.stack([_item_grid(it) for it in items]).to(device)
-                rows = encode(pixels, grids)
+                output = encode(pixels, grids, **self._encode_kwargs)
             else:
-                rows = encode(torch.stack([it.feature for it in items]).to(device))
+                output = encode(torch.stack([it.feature for it in items]).to(device), **self._encode_kwargs)
         self.calls += 1
-        return list(rows)
+        return list(vision_rows(output, f"{type(self.model).__name__}.{path.method}"))
 
     # -- text --------------------------------------------------------------------------
     def embed_text(self, input_ids: Any) -> Any:
@@ -240,6 +244,33 @@ class VisionAdapter:
         oov = torch.isin(input_ids, placeholders) & (input_ids >= table.num_embeddings)
         with torch.no_grad():
             return table(torch.where(oov, torch.zeros_like(input_ids), input_ids))
+
+
+def transformers_major(model: Any) -> int:
+    """The major version of the transformers that defined ``model``'s class (0 for a class
+    from elsewhere), read from the already imported package."""
+    package = sys.modules.get(type(model).__module__.partition(".")[0])
+    if package is None or package.__name__ != "transformers":
+        return 0
+    return int(package.__version__.split(".")[0])
+
+
+def vision_rows(output: Any, method: str) -> Any:
+    """The per-item rows in what ``get_image_features`` / ``get_video_features`` returned:
+    transformers 4.x returns the rows themselves (a tensor ``[items, rows, H]`` or a
+    sequence of ``[rows, H]``), 5.x a ``BaseModelOutputWithPooling`` holding them in
+    ``pooler_output`` (iterating it would give its field names)."""
+    if isinstance(output, torch.Tensor) or (
+        isinstance(output, (list, tuple)) and all(isinstance(rows, torch.Tensor) for rows in output)
+    ):
+        return output
+    rows = getattr(output, "pooler_output", None)
+    if rows is None:
+        raise UnsupportedModelError(
+            f"{method} returned a {type(output).__name__} that holds no rows: expected the rows"
+            " (transformers 4.x) or an output with pooler_output (5.x)"
+        )
+    return rows
 
 
 def _tensor(inputs: Mapping[str, Any], key: str) -> Any:

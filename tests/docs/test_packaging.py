@@ -201,9 +201,29 @@ def test_build_and_install_print_no_warnings(installed):
     assert worrying == []
 
 
+def _top_level_imports(tree: ast.AST, *, on_load_only: bool = False) -> set[str]:
+    """Top-level names of the modules ``tree`` imports: statements and ``pytest.importorskip``;
+    ``on_load_only``: those that run when the module is loaded, not inside its functions."""
+    found = set()
+    nodes = [tree]
+    while nodes:
+        node = nodes.pop()
+        if on_load_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        nodes.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(node.args[0].value)
+    return {name.split(".")[0] for name in found}
+
+
 def _third_party_imports() -> set[str]:
-    """Top-level modules the tests, the demo and the benchmarks import (statements and
-    ``pytest.importorskip``) that are neither the standard library nor this repository's."""
+    """Top-level modules the tests, the demo and the benchmarks import that are neither the
+    standard library nor this repository's."""
     folders = [ROOT / "tests", ROOT / "examples", ROOT / "benchmarks"]
     # sglang and vllm are the peers the suite loads from their own wheels, never installed.
     local = {"mm_schedule", "tests", "kernels", "codemods", "sglang", "vllm"}
@@ -212,36 +232,78 @@ def _third_party_imports() -> set[str]:
     found = set()
     for folder in folders:
         for path in folder.rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Import):
-                    found |= {alias.name for alias in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    found.add(node.module)
-                elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip"
-                      and node.args and isinstance(node.args[0], ast.Constant)):
-                    found.add(node.args[0].value)
-    return {name.split(".")[0] for name in found} - local - set(sys.stdlib_module_names)
+            found |= _top_level_imports(ast.parse(path.read_text(encoding="utf-8")))
+    return found - local - set(sys.stdlib_module_names)
+
+
+def _sglang_module_imports() -> set[str]:
+    """What the SGLang modules the suite runs from the wheels (the loader's REAL_MODULES)
+    import on load besides sglang, in every wheel already in the wheel cache (PIL is one)."""
+    import zipfile
+
+    from mm_schedule.codemods.movemap.sources import default_wheel_cache
+
+    loader = ast.parse((ROOT / "benchmarks" / "_sglang_wheels.py").read_text(encoding="utf-8"))
+    (modules,) = [ast.literal_eval(node.value) for node in loader.body if isinstance(node, ast.Assign)
+                  and [getattr(t, "id", None) for t in node.targets] == ["REAL_MODULES"]]
+    found = set()
+    for wheel in sorted(default_wheel_cache().glob("sglang-*.whl")):
+        with zipfile.ZipFile(wheel) as archive:
+            names = set(archive.namelist())
+            for module in modules:
+                base = module.replace(".", "/")
+                for member in (f"{base}.py", f"{base}/__init__.py"):
+                    if member in names:
+                        found |= _top_level_imports(ast.parse(archive.read(member)), on_load_only=True)
+    return found - {"sglang"} - set(sys.stdlib_module_names)
 
 
 def _requirement_name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group()).lower()
 
 
-def test_dev_extra_installs_what_the_suite_imports(installed):
+def _makefile_pins() -> dict[str, set[str]]:
+    """Distributions each environment's stamp recipe installs: ``main`` (.venv) and ``stack2``."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    variables = dict(re.findall(r"^([A-Z0-9_]+)\s*[:?]?=\s*(.*)$", makefile, re.M))
+
+    def expand(text: str) -> str:
+        while (ref := re.search(r"\$\(([A-Z0-9_]+)\)", text)):
+            text = text.replace(ref.group(), variables.get(ref.group(1), ""))
+        return text
+
+    pins = {}
+    for env, stamp in (("main", "$(STAMP)"), ("stack2", "$(STACK2_STAMP)")):
+        recipe = re.search(rf"^{re.escape(stamp)}:.*\n((?:\t.*\n)+)", makefile, re.M)
+        assert recipe, f"no {stamp} target"
+        installs = [expand(line) for line in recipe.group(1).splitlines() if "pip install" in line]
+        pins[env] = {_requirement_name(token) for line in installs for token in line.split() if "==" in token}
+    return pins
+
+
+def test_dev_extra_and_both_makefile_stacks_install_what_the_suite_imports():
     from importlib.metadata import packages_distributions
 
     declared = {_requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
     declared |= {_requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["dev"]}
+    pins = _makefile_pins()
+    assert {"torch", "triton", "transformers", "numpy"} <= pins["main"] & pins["stack2"]  # the parse finds pins
     distributions = packages_distributions()
     imported = _third_party_imports()
-    assert {"torch", "numpy", "pytest", "transformers"} <= imported  # the scan sees the suite's imports
+    assert {"torch", "numpy", "pytest", "transformers", "yaml"} <= imported  # the scan sees the suite's imports
+    imported |= _sglang_module_imports()
     missing = {}
     for module in sorted(imported):
         names = {_requirement_name(d) for d in distributions.get(module, [module])}
-        if not names & declared:
-            missing[module] = sorted(names)
+        for where, provided in (("dev extra", declared), *pins.items()):
+            if not names & provided:
+                missing.setdefault(module, []).append(where)
     assert missing == {}
-    # The wheel's metadata carries the extra as written.
+    # Whatever the extra promises, both pinned stacks install (Hugging Face's kernels among them).
+    assert {env: sorted(declared - provided) for env, provided in pins.items()} == {"main": [], "stack2": []}
+
+
+def test_the_wheel_metadata_carries_the_dev_extra(installed):
     dev = {_requirement_name(r) for r in installed["without_torch"]["requires"] if 'extra == "dev"' in r}
     assert dev == {_requirement_name(r) for r in PYPROJECT["project"]["optional-dependencies"]["dev"]}
 

@@ -170,10 +170,11 @@ def test_same_pixels_under_another_grid_are_another_image():
     assert [r.cache_hits for r in reports] == [0, 0]
     sx, ex = x.offsets[0]
     sy, ey = y.offsets[0]
-    with torch.no_grad():  # each image alone, as each step encoded it
-        want_x, want_y = (
-            vlm.model.get_image_features(image.pixels, torch.tensor([image.grid]))[0] for image in (wide, tall)
-        )
+    # Each image alone, as each step encoded it.
+    want_x, want_y = (
+        vlm.own_rows({"pixel_values": image.pixels, "image_grid_thw": torch.tensor([image.grid])})["IMAGE"]
+        for image in (wide, tall)
+    )
     assert torch.equal(got[sx : ex + 1], want_x) and torch.equal(got[sy : ey + 1], want_y)
     assert not torch.allclose(want_x, want_y)
 
@@ -210,7 +211,7 @@ def test_gemma3_placeholder_outside_the_vocabulary_embeds_as_the_model_does():
     (got,), _, _ = _prefill(adapter, None, [inputs], [[(0, 0, n)]])
     with torch.no_grad():
         own = vlm.model(**inputs).logits
-        ours = vlm.model(inputs_embeds=got[None]).logits
+        ours = vlm.model(inputs_embeds=got[None], **vlm.forward_kwargs(inputs)).logits
     assert torch.equal(ours, own)
 
 
