@@ -71,6 +71,16 @@ def _shape(value: Any) -> Any:
     return ("function", tuple((p.name, p.kind.name, _default(p.default)) for p in signature.parameters.values()))
 
 
+def _without_additions(mine: Any, theirs: Any) -> Any:
+    """``mine`` less the stand-in's own keyword-only parameters with defaults (such as the
+    declared cache layouts): every call the engine's signature allows is unchanged by them."""
+    if mine[0] != "function" or theirs[0] != "function":
+        return mine
+    names = {p for p, _, _ in theirs[1]}
+    return ("function", tuple(p for p in mine[1]
+                              if p[0] in names or p[1] != "KEYWORD_ONLY" or p[2] == "<required>"))
+
+
 def _default(value: Any) -> Any:
     if value is inspect.Parameter.empty:
         return "<required>"
@@ -96,7 +106,7 @@ def surface_differences(module: types.ModuleType, standin: types.ModuleType) -> 
             continue
         if getattr(value, "__module__", None) != module.__name__:
             continue  # imported from elsewhere in SGLang: present is what the module's code needs
-        theirs, mine = _shape(value), _shape(ours[name])
+        theirs, mine = _shape(value), _without_additions(_shape(ours[name]), _shape(value))
         if theirs[0] == "callable" or mine[0] == "callable" or theirs == mine:
             continue
         if theirs[0] == "class" and mine[0] in ("class", "fields"):
