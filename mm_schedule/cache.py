@@ -49,7 +49,8 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import repeat
+from operator import itemgetter, methodcaller
 from typing import Any
 
 from .errors import CacheConfigError, CacheLayoutError, CacheStateError
@@ -62,7 +63,23 @@ log = logging.getLogger(__name__)
 # on; the modality (or None, for entries set without one) keys the per-modality layouts.
 _TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY = 0, 1, 2, 3, 4, 5
 _REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered (most recent)
-_tensor_of, _row_count = itemgetter(_TENSOR), itemgetter(_ROWS)
+_tensor_of, _row_count, _charged = itemgetter(_TENSOR), itemgetter(_ROWS), itemgetter(_BYTES)
+_first, _second = itemgetter(0), itemgetter(1)
+_storage_of, _storage_bytes, _data_ptr = (methodcaller("untyped_storage"), methodcaller("nbytes"),
+                                          methodcaller("data_ptr"))
+
+
+def _first_of_each(prepared: list, mods: list) -> list:
+    """The first entry of each modality, in batch order: for entries of one layout, what
+    checking every entry would find (the first of an unfit modality is the one named)."""
+    if mods.count(mods[0]) == len(mods):
+        return prepared[:1]
+    seen, out = set(), []
+    for entry, modality in zip(prepared, mods):
+        if modality not in seen:
+            seen.add(modality)
+            out.append(entry)
+    return out
 
 
 @dataclass(frozen=True)
@@ -263,7 +280,8 @@ class EmbeddingCache:
             return self._layout_source(modality)
 
     def insert_many(self, entries: Iterable[tuple[int, Any]], *, protect: Iterable[int] = (),
-                    modalities: Sequence[str | None] | None = None, replace_learned: bool = False) -> int:
+                    modalities: Sequence[str | None] | None = None, replace_learned: bool = False,
+                    vouched: tuple | None = None, rows: Sequence[int] | None = None) -> int:
         """Insert ``(key, tensor)`` pairs under one lock; returns how many were cached.
         ``protect``: keys that must not be evicted to make room (the inserting step's
         own hits). ``modalities``: each tensor's modality; a tensor disagreeing with its
@@ -271,25 +289,39 @@ class EmbeddingCache:
         ``CacheLayoutError`` before anything is inserted or evicted. ``replace_learned``:
         the tensors' hidden size is proven (see the module docstring); held entries of a
         learned layout of another hidden size are evicted instead, and the log says so.
-        The caller has validated the tensors (floating, right rows)."""
-        pairs = list(entries)
+        The caller has validated the tensors (floating, right rows). ``vouched``: the
+        ``(hidden, dtype, device)`` every tensor is known to have, 2-D with ``rows[i]``
+        rows, detached, contiguous and not a negated view (a step's validated outputs):
+        then only their storages are read, not each tensor's layout."""
+        pairs = pairs_list = list(entries)
         mods = [None] * len(pairs) if modalities is None else list(modalities)
         share = self.share_storage
-        prepared = [(key, _entry(tensor, None, modality, share=share)) for (key, tensor), modality in zip(pairs, mods)]
+        if vouched is not None and rows is not None and len(rows) == len(pairs):
+            keys = list(map(_first, pairs_list))
+            prepared, storages = self._vouched_entries(keys, list(map(_second, pairs_list)), rows, mods, vouched)
+        else:
+            prepared, storages = [(key, _entry(tensor, None, modality, share=share))
+                                  for (key, tensor), modality in zip(pairs, mods)], None
         with self._lock:
             if modalities is not None:
-                self._check_layouts(prepared, replace_learned)
-            if (self._by_storage or self._reused) and not share:
-                prepared = self._unshare(prepared)
+                self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
+                                    replace_learned)
+            if (self._by_storage or self._reused) and not share and (
+                    storages is None or not self._reused.keys().isdisjoint(storages)
+                    or not self._by_storage.keys().isdisjoint(storages)):
+                prepared, storages = self._unshare(prepared), None
             added = dict(prepared)
-            total = sum(entry[_BYTES] for entry in added.values())
+            total = sum(map(_charged, added.values()))
             if len(added) == len(prepared) and self._bytes + total <= self.max_bytes \
                     and self._entries.keys().isdisjoint(added):
                 # New keys that fit without evicting (a step's encoder outputs, usually):
                 # all added at once, in order, exactly as one at a time would add them.
                 self._entries.update(added)
-                for key, entry in prepared:
-                    self._account(key, entry, 1)
+                if storages is None:
+                    for key, entry in prepared:
+                        self._account(key, entry, 1)
+                else:
+                    self._account_vouched(keys, storages, mods, vouched)
                 self._bytes += total
                 self._insertions += len(added)
                 return len(added)
@@ -298,6 +330,41 @@ class EmbeddingCache:
             for key, entry in prepared:
                 inserted += self._insert(key, entry, keep)
         return inserted
+
+    def _vouched_entries(self, keys: list, tensors: list, rows: Sequence[int], mods: list,
+                         vouched: tuple) -> tuple[list, list | None]:
+        """``insert_many``'s entries for tensors of one known layout: each tensor's storage
+        size read (a view of a larger storage is cloned, as ``_entry`` does), nothing else.
+        Also returns the storage ids ``_account`` would record (None when a tensor was
+        cloned: those entries are then accounted one by one)."""
+        hidden, dtype, device = vouched
+        layout = (hidden, dtype, device)
+        row_bytes = hidden * dtype.itemsize
+        own = [n * row_bytes for n in rows]
+        held = list(map(_storage_of, tensors))
+        if self.share_storage:
+            charged = own  # kept as given, charged for its own rows
+        else:
+            charged = list(map(_storage_bytes, held))
+            if charged != own:
+                # Views of a larger storage: copied, as _entry copies them.
+                entries = [(key, (t, n, size, None, layout, m) if size == mine else _entry(t, None, m))
+                           for key, t, n, size, mine, m in zip(keys, tensors, rows, charged, own, mods)]
+                return entries, None
+        storages = () if device.type == "meta" else list(zip(repeat(device), map(_data_ptr, held)))
+        entries = list(zip(keys, map(tuple, zip(tensors, rows, charged, repeat(None), repeat(layout), mods))))
+        return entries, storages
+
+    def _account_vouched(self, keys: list, storages: list | None, mods: list, vouched: tuple) -> None:
+        """``_account(key, entry, 1)`` for every entry of ``_vouched_entries``, counted per
+        modality instead of per entry."""
+        layout = vouched
+        self._layouts[layout] += len(keys)
+        for modality, count in Counter(mods).items():
+            if modality is not None:
+                self._count_held(modality, layout[:2], count)
+        if storages is not None:
+            self._by_storage.update(zip(storages, keys))
 
     def _layout_of(self, modality: str | None, declared_only: bool = False) -> tuple[int | None, Any]:
         hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))

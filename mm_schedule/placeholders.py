@@ -99,10 +99,12 @@ def sorted_membership(ids: Any, pads: Any) -> Any:
     left and right insertion points differ. Two searches and one compare: no gather, no
     clamp, nothing read back to the host (the path for tensors on a device). The searches
     are ``bucketize``, the same device kernel as ``searchsorted`` with its arguments swapped,
-    whose shape function is native code where ``searchsorted``'s runs as Python (meta and
-    fake tensors: dry runs, tracing)."""
+    and the points are compared by an in-place subtraction read as bool: all three have
+    native shape functions, where ``searchsorted``'s and an out-of-place compare's run as
+    Python (meta and fake tensors: dry runs, tracing; ten times the host time)."""
     pads = pads.sort().values
-    return torch.bucketize(ids, pads, right=True) > torch.bucketize(ids, pads)
+    right = torch.bucketize(ids, pads, right=True, out_int32=True)
+    return right.sub_(torch.bucketize(ids, pads, out_int32=True)).bool()
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
@@ -177,6 +179,8 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any =
 
 def _device_mask(ids: Any, placeholder_ids: Any) -> Any:
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
+    if pads.dtype is ids.dtype and pads.device == ids.device and pads.dim() == 1 and ids.dtype in _TOKEN_BYTES:
+        return _membership(ids, pads)  # SGLang's usual call: int64 ids and ids on one device, nothing to convert
     _integer(ids, "input_ids")
     _integer(pads, "placeholder ids")
     pads = pads.reshape(-1).to(ids.device, non_blocking=True)

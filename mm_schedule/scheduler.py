@@ -99,22 +99,29 @@ class StepResult:
 
 
 def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequence[Any],
-                   encoded: Sequence[int], expected: Expected) -> None:
+                   encoded: Sequence[int], expected: Expected, *, checked: bool = False) -> None:
     """Cache the validated encoder outputs, keeping this step's own hits from eviction.
     The cache checks them against its layout per modality under its lock, so two steps
     racing to fill an empty cache cannot leave it holding both of two hidden sizes. A
-    step whose hidden size ``input_embeds`` proves replaces a learned layout of another."""
+    step whose hidden size ``input_embeds`` proves replaces a learned layout of another.
+    ``checked``: ``check_outputs`` validated every one of them against ``expected`` (so
+    with one dtype in the step, the cache need not read each tensor's layout again)."""
     if cache is None or not encoded:
         return
     keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if plan.has_hits else ()
     if len(encoded) == len(keys) and list(encoded) == list(range(len(keys))):
-        pairs, encoded_modalities = zip(keys, tensors), modalities  # every source, in order (a cold step)
+        # Every source, in order (a cold step).
+        pairs, encoded_modalities, rows = zip(keys, tensors), modalities, plan.rows
     else:
         pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
+        rows = [plan.rows[s] for s in encoded]
+    vouched = None
+    if checked and len(expected.dtypes) == 1 and expected.hidden is not None and expected.device is not None:
+        vouched = (expected.hidden, next(iter(expected.dtypes)), expected.device)
     try:
         cache.insert_many(pairs, protect=protect, modalities=encoded_modalities,
-                          replace_learned=expected.proven)
+                          replace_learned=expected.proven, vouched=vouched, rows=rows)
     except CacheLayoutError as exc:
         source = next((s for s in encoded if keys[s] == exc.key), None)
         if source is None:
@@ -186,7 +193,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     learn_cache_layouts(plan, cache, expected)
     outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
     encoded = check_outputs(plan, outputs, tensors, expected)
-    insert_encoded(cache, plan, tensors, encoded, expected)
+    insert_encoded(cache, plan, tensors, encoded, expected, checked=True)
     return tensors
 
 
