@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
+
+import torch
 
 from .errors import InvalidItemError
 from .items import modality_name
@@ -59,10 +62,20 @@ def resolve_encoder(encoders: Encoders, modality: str, request: int, *, move_fea
 
 def move_features_to(items: Sequence[Any], device: Any) -> None:
     """Move items' raw features to ``device`` in place (only tensors not there yet)."""
+    try:
+        features = list(map(_feature_of, items))
+    except AttributeError:
+        features = None
+    if features is not None and set(map(type, features)) == {torch.Tensor} \
+            and set(map(_device_of, features)) == {device}:
+        return  # every feature a tensor already there (the usual step): read in C loops
     for item in items:
         feature = getattr(item, "feature", None)
         if hasattr(feature, "to") and hasattr(feature, "device") and feature.device != device:
             item.feature = feature.to(device, non_blocking=True)
+
+
+_feature_of, _device_of = attrgetter("feature"), attrgetter("device")
 
 
 def batch_items(plan: StepPlan, batch: Sequence[int]) -> list[Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from operator import methodcaller
 from typing import Any
 
 import torch
@@ -225,15 +226,25 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 )
             output = output.embedding
         if isinstance(output, (list, tuple)):
-            pieces = _check_list(plan, batch, whole, output, item_rows, expected)
+            pieces, uniform = _check_list(plan, batch, whole, output, item_rows, expected)
             if whole:
                 pieces = [pieces[0] if len(pieces) == 1 else torch.cat(pieces)]
         elif isinstance(output, torch.Tensor):
-            pieces = _check_combined(plan, batch, whole, output, item_rows, expected)
+            pieces, uniform = _check_combined(plan, batch, whole, output, item_rows, expected), True
         else:
             raise EncoderOutputError(
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
+        encoded.extend(batch)
+        if uniform and not hit_storages and not encoder.copy_outputs and _plain(pieces):
+            # One layout for the whole batch (a list every tensor of which passed as it is, or
+            # one tensor's rows): checked against the modality's layout once, stored as they are.
+            known = expected.known.get(plan.modalities[batch[0]])
+            if known is not None:
+                _check_known(plan, batch[0], pieces[0], known, expected.sources.get(plan.modalities[batch[0]], ""))
+            for s, piece in zip(batch, pieces):
+                tensors[s] = piece
+            continue
         for s, piece in zip(batch, pieces):
             known = expected.known.get(plan.modalities[s])
             if known is not None:
@@ -243,8 +254,15 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = plain_rows(piece)
-        encoded.extend(batch)
     return encoded
+
+
+_negated, _contiguous = methodcaller("is_neg"), methodcaller("is_contiguous")
+
+
+def _plain(pieces: Sequence[Any]) -> bool:
+    """Every piece already what ``plain_rows`` returns (no copy needed), tested in C loops."""
+    return not any(map(_negated, pieces)) and all(map(_contiguous, pieces))
 
 
 def _hit_storages(plan: StepPlan) -> dict:
@@ -306,7 +324,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
         )
     pieces = _uniform_list(output, item_rows, expected)
     if pieces is not None:
-        return pieces
+        return pieces, True
     if expected.hidden is None:
         # Nothing else fixes the hidden size: the outputs' most common one does, so the
         # odd output is the one named.
@@ -325,7 +343,7 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
                 what="encoder rows for the item",
             )
         pieces.append(flat)
-    return pieces
+    return pieces, False
 
 
 def _check_combined(plan, batch, whole, output, item_rows, expected) -> list[Any]:

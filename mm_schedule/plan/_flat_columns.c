@@ -86,8 +86,13 @@ static int append_repeated(PyObject *list, Py_ssize_t value, Py_ssize_t times) {
 }
 
 /* ``given != value`` as Python evaluates it (the caller's object may define __ne__),
- * against a fresh int: 1, 0, or -1 with an exception set. */
+ * against a fresh int: 1, 0, or -1 with an exception set. An exact int runs no code of
+ * the caller's, so it is compared as a C integer. */
 static int compare_end(PyObject *given, int64_t value) {
+    int64_t exact;
+    if (small_int(given, &exact)) {
+        return exact != value;
+    }
     PyObject *boxed = PyLong_FromLongLong(value);
     if (boxed == NULL) {
         return -1;
