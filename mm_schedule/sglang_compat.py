@@ -142,8 +142,9 @@ def embedding_and_mask(
             data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes,
             _as_list(extends), _as_list(offsets), cache=cache, context=context,
         )
-    per_request = list(map(items.__getitem__, map(slice, items_size[:n], items_size[1 : n + 1])))
-    plan = plan_columns(per_request, prefixes, extends, offsets, [None] * n, cache, context.max_tokens_per_encoder_call)
+    # The flat item list and its bounds, as SGLang passes them: no list per request.
+    plan = plan_columns(items, prefixes, extends, offsets, [None] * n, cache, context.max_tokens_per_encoder_call,
+                        bounds=items_size[: n + 1])
     if not plan.n_rows:
         return None, None, input_ids
     # Checked before anything is encoded or cached.

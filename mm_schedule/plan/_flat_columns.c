@@ -299,8 +299,24 @@ done:
     return status;
 }
 
-/* One request: its checks, then its items. */
-static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *token_base) {
+/* Request r's items when the step's items come as one flat list with request bounds
+ * (SGLang's ``embedding_items`` and ``items_size``): the slice ``flat[bounds[r]:bounds[r+1]]``,
+ * as a new list. 0 when a bound is not a non-negative int within LIMIT (the caller slices
+ * in Python then, with Python's rules). */
+static int request_slice(PyObject *flat, PyObject *bounds, Py_ssize_t r, PyObject **items) {
+    int64_t lo, hi;
+    PyObject *lo_obj = PyList_GET_ITEM(bounds, r), *hi_obj = PyList_GET_ITEM(bounds, r + 1);
+    if (!small_int(lo_obj, &lo) || !small_int(hi_obj, &hi) || lo < 0 || hi < 0) {
+        return 0;
+    }
+    *items = PyList_GetSlice(flat, (Py_ssize_t)lo, (Py_ssize_t)hi);
+    return 1;
+}
+
+/* One request: its checks, then its items. ``flat`` and ``bounds`` (both NULL unless the
+ * step's items come as one list) say where request r's items are. */
+static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *token_base, PyObject *flat,
+                        PyObject *bounds) {
     int status = FAILED;
     PyObject *index = PyLong_FromSsize_t(r);
     PyObject *prefix_obj = NULL, *extend_obj = NULL, *row_obj = NULL, *items = NULL, *given = NULL, *it = NULL;
@@ -322,7 +338,15 @@ static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *tok
         status = GIVE_UP;
         goto done;
     }
-    if ((items = PyObject_GetItem(args[0], index)) == NULL) {
+    if (flat != NULL) {
+        if (!request_slice(flat, bounds, r, &items)) {
+            status = GIVE_UP;
+            goto done;
+        }
+        if (items == NULL) {
+            goto done;
+        }
+    } else if ((items = PyObject_GetItem(args[0], index)) == NULL) {
         goto done;
     }
     if (extend <= 0) {
@@ -387,10 +411,15 @@ done:
 }
 
 static PyObject *flat_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 8) {
+    if (nargs != 8 && nargs != 9) {
         PyErr_Format(PyExc_TypeError,
                      "flat_columns(item_lists, prefixes, extends, offsets_lists, row_offsets, names,"
-                     " modality_name, item_key) takes 8 arguments, got %zd", nargs);
+                     " modality_name, item_key[, bounds]) takes 8 or 9 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *bounds = nargs == 9 && args[8] != Py_None ? args[8] : NULL;
+    if (bounds != NULL && (!PyList_CheckExact(bounds) || !PyList_CheckExact(args[0]))) {
+        PyErr_SetString(PyExc_TypeError, "flat_columns: with bounds, item_lists and bounds must be lists");
         return NULL;
     }
     if (!PyDict_Check(args[5])) {
@@ -409,15 +438,22 @@ static PyObject *flat_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
         || (c.odd = PyList_New(0)) == NULL || (c.source_of = PyDict_New()) == NULL) {
         goto done;
     }
-    Py_ssize_t n_requests = PyObject_Length(args[0]);
-    if (n_requests < 0) {
+    /* With bounds, the flat list is copied first: each request's slice is then what
+     * slicing it up front gives, whatever the users' code run on the way does to it. */
+    PyObject *flat = bounds == NULL ? NULL : PyList_GetSlice(args[0], 0, PyList_GET_SIZE(args[0]));
+    if (bounds != NULL && flat == NULL) {
         goto done;
     }
+    Py_ssize_t n_requests = bounds == NULL ? PyObject_Length(args[0])
+                            : PyList_GET_SIZE(bounds) > 0 ? PyList_GET_SIZE(bounds) - 1 : 0;
     int64_t token_base = 0;
-    status = OK;
+    status = n_requests < 0 ? FAILED : OK;
     for (Py_ssize_t r = 0; r < n_requests && status == OK; r++) {
-        status = plan_request(&c, (PyObject **)args, r, &token_base);
+        /* bounds may be changed by users' code too: never read past its end */
+        status = bounds != NULL && r + 1 >= PyList_GET_SIZE(bounds)
+                     ? GIVE_UP : plan_request(&c, (PyObject **)args, r, &token_base, flat, bounds);
     }
+    Py_XDECREF(flat);
     if (status == OK) {
         result = Py_BuildValue("(OOOOOOOOL)", c.keys, c.rows, c.requests, c.modalities, c.first_items,
                                c.seg_token_row, c.seg_request, c.odd, (long long)token_base);
@@ -447,9 +483,11 @@ done:
 
 static PyMethodDef methods[] = {
     {"flat_columns", (PyCFunction)(void (*)(void))flat_columns, METH_FASTCALL,
-     "flat_columns(item_lists, prefixes, extends, offsets_lists, row_offsets, names, modality_name, item_key)\n\n"
+     "flat_columns(item_lists, prefixes, extends, offsets_lists, row_offsets, names, modality_name, item_key"
+     "[, bounds])\n\n"
      "The flat planner's columns (keys, rows, requests, modalities, first_items, seg_token_row,\n"
-     "seg_request, odd, n_tokens), or None when the step is not the flat shape."},
+     "seg_request, odd, n_tokens), or None when the step is not the flat shape. With bounds (a list),\n"
+     "item_lists is one flat list and request r's items are item_lists[bounds[r]:bounds[r + 1]]."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import InvalidItemError
 from .columns import RequestChunk, StepPlan
-from .flat import plan_flat
+from .flat import plan_flat, request_slices
 from .general import plan_general
 
 
@@ -49,10 +49,13 @@ def request_columns(requests: Sequence[RequestChunk]) -> tuple[list, list, list,
     return items, prefixes, extends, offsets, row_offsets
 
 
-def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget) -> StepPlan:
+def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget, *, bounds=None) -> StepPlan:
     """``plan_step`` over requests given as parallel lists (what the SGLang-compatible
-    API has already, so it builds no per-request object)."""
-    plan = plan_flat(items, prefixes, extends, offsets, row_offsets, budget)
+    API has already, so it builds no per-request object). ``bounds``: ``items`` is one
+    flat list, request r's items ``items[bounds[r]:bounds[r + 1]]`` (SGLang's ``items_size``)."""
+    plan = plan_flat(items, prefixes, extends, offsets, row_offsets, budget, bounds)
     if plan is None:
+        if bounds is not None:
+            items = request_slices(items, bounds)
         plan = plan_general(items, prefixes, extends, offsets, row_offsets, budget)
     return plan.with_lookups(None if cache is None else cache.lookup_many)

@@ -29,19 +29,31 @@ except ImportError:  # installed without a C compiler
 _NO_MODALITY = object()
 
 
-def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, budget) -> StepPlan | None:
+def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, budget, bounds=None) -> StepPlan | None:
+    """``bounds``: see ``flat_columns_py``."""
     if _flat_columns_c is not None:
         columns = _flat_columns_c(item_lists, prefixes, extends, offsets_lists, row_offsets, names, modality_name,
-                                  item_key)
+                                  item_key, bounds)
     else:
-        columns = flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets)
+        columns = flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets, bounds)
     return None if columns is None else plan_from_columns(columns, budget)
 
 
-def flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets) -> tuple | None:
+def request_slices(items: list, bounds: list) -> list[list]:
+    """Each request's items of a flat list: ``items[bounds[r]:bounds[r + 1]]``."""
+    return list(map(items.__getitem__, map(slice, bounds[:-1], bounds[1:])))
+
+
+def flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets, bounds=None) -> tuple | None:
     """The pass over the items: ``(keys, rows, requests, modalities, first_items,
     seg_token_row, seg_request, odd, n_tokens)``, or None when the step is not the flat
-    shape."""
+    shape. ``bounds``: ``item_lists`` is one flat list of the step's items, request r's
+    being ``item_lists[bounds[r]:bounds[r + 1]]`` (SGLang's ``items_size``), so a large
+    step builds no list per request (the C pass reads the slices one at a time)."""
+    if bounds is not None:
+        if not all(type(b) is int and b >= 0 for b in bounds):
+            return None  # slices with Python's rules for other bounds: the general planner's
+        item_lists = request_slices(item_lists, bounds)
     keys: list[int] = []
     rows: list[int] = []
     requests: list[int] = []

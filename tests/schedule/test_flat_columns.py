@@ -147,6 +147,62 @@ def test_c_and_python_passes_build_the_same_columns(odd_inputs):
         assert outcomes["gave up"] > 50
 
 
+def _flattened(step, rng):
+    """``step`` with its item lists as one flat list and request bounds (SGLang's
+    ``embedding_items`` / ``items_size``), sometimes with bounds past the list's end
+    (which slicing shortens)."""
+    item_lists, *rest = step
+    flat_items, bounds = [], [0]
+    for items in item_lists:
+        flat_items += list(items)
+        bounds.append(len(flat_items))
+    if rng.random() < 0.1 and len(bounds) > 1:
+        del flat_items[-1:]  # the last request's slice comes out one short
+    return flat_items, rest, bounds
+
+
+@pytest.mark.parametrize("odd_inputs", [False, True], ids=["flat-shape", "malformed"])
+def test_flat_item_list_with_bounds_is_planned_as_its_slices(odd_inputs):
+    """One flat item list with request bounds gives exactly the columns (or give-up, or
+    exception) of the per-request slices, in both passes."""
+    _needs_c_pass()
+    rng = random.Random(f"flat bounds {odd_inputs} {random.getrandbits(32)}")
+    planned = 0
+    for _ in range(300):
+        step = random_step(rng, odd_inputs=odd_inputs)
+        flat_items, rest, bounds = _flattened(step, rng)
+        slices = [flat_items[a:b] for a, b in zip(bounds, bounds[1:])]
+        outcomes = []
+        for run in (lambda: c_columns(slices, *rest), lambda: C_PASS(flat_items, *rest, KNOWN_MODALITIES,
+                                                                    modality_name, item_key, bounds),
+                    lambda: flat.flat_columns_py(flat_items, *rest, bounds)):
+            try:
+                outcomes.append(run())
+            except Exception as exc:  # noqa: BLE001 - compared across the three runs
+                outcomes.append((type(exc), str(exc)))
+        for other in outcomes[1:]:
+            if isinstance(other, tuple) and len(other) == 2 and isinstance(other[0], type):
+                assert other == outcomes[0]
+            else:
+                _same_columns(other, outcomes[0])
+        planned += outcomes[0] is not None and not isinstance(outcomes[0][0], type)
+    assert planned > 30
+
+
+def test_bounds_that_are_not_plain_ints_give_up_to_the_general_planner():
+    _needs_c_pass()
+    items = [MMItem(hash=1, offsets=[(0, 1)]), MMItem(hash=2, offsets=[(3, 4)])]
+    columns = ([0, 0], [5, 5], [None, None], [None, None])  # prefixes, extends, offsets, row offsets
+    for bounds in ([0, 1, -1], [0, 1.0, 2], [0, True, 2]):
+        assert C_PASS(items, *columns, KNOWN_MODALITIES, modality_name, item_key, bounds) is None
+        assert flat.flat_columns_py(items, *columns, bounds) is None
+    # The general planner then slices with Python's rules: [0:1] and [1:-1] (empty).
+    plan = plan_columns(items, *columns, None, None, bounds=[0, 1, -1])
+    assert plan.keys == [1] and plan.requests == [0]
+    plan = plan_columns(items, *columns, None, None, bounds=[0, 1, 2])
+    assert plan.keys == [1, 2] and plan.requests == [0, 1]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_plan_does_not_depend_on_which_pass_ran(monkeypatch, seed):
     """Whole plans, C pass against Python pass and against the general planner, on steps
@@ -280,8 +336,10 @@ def test_the_c_pass_holds_no_reference_it_does_not_return():
 
 def test_wrong_arguments_are_refused():
     _needs_c_pass()
-    with pytest.raises(TypeError, match="takes 8 arguments, got 2"):
+    with pytest.raises(TypeError, match="takes 8 or 9 arguments, got 2"):
         C_PASS([], [])
+    with pytest.raises(TypeError, match="with bounds, item_lists and bounds must be lists"):
+        C_PASS([], [], [], [], [], {}, modality_name, item_key, (0,))
     with pytest.raises(TypeError, match="names must be a dict"):
         C_PASS([], [], [], [], [], [], modality_name, item_key)
 
