@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import gc
+import itertools
 import random
 import re
 import shutil
@@ -171,14 +172,15 @@ def test_flat_item_list_with_bounds_is_planned_as_its_slices(odd_inputs):
     for _ in range(300):
         step = random_step(rng, odd_inputs=odd_inputs)
         flat_items, rest, bounds = _flattened(step, rng)
-        slices = [flat_items[a:b] for a, b in zip(bounds, bounds[1:])]
+        slices = [flat_items[a:b] for a, b in itertools.pairwise(bounds)]
+        runs = ((c_columns, (slices, *rest)),
+                (C_PASS, (flat_items, *rest, KNOWN_MODALITIES, modality_name, item_key, bounds)),
+                (flat.flat_columns_py, (flat_items, *rest, bounds)))
         outcomes = []
-        for run in (lambda: c_columns(slices, *rest), lambda: C_PASS(flat_items, *rest, KNOWN_MODALITIES,
-                                                                    modality_name, item_key, bounds),
-                    lambda: flat.flat_columns_py(flat_items, *rest, bounds)):
+        for run, args in runs:
             try:
-                outcomes.append(run())
-            except Exception as exc:  # noqa: BLE001 - compared across the three runs
+                outcomes.append(run(*args))
+            except Exception as exc:  # compared across the three runs
                 outcomes.append((type(exc), str(exc)))
         for other in outcomes[1:]:
             if isinstance(other, tuple) and len(other) == 2 and isinstance(other[0], type):
