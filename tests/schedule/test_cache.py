@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from mm_schedule import EmbeddingCache, EmbeddingResult, combine_hashes
-from mm_schedule.cache import _entry
-from mm_schedule.errors import CacheConfigError
+from mm_schedule.cache import _entry, storage_id
+from mm_schedule.errors import CacheConfigError, CacheLayoutError
 
 ROW = 4 * 4  # one float32 row of hidden 4
 
@@ -208,3 +208,68 @@ def test_shared_storage_keeps_views_and_charges_their_own_rows():
 def test_share_storage_must_be_a_bool(value):
     with pytest.raises(CacheConfigError, match="share_storage"):
         EmbeddingCache(1 << 20, share_storage=value)
+
+
+def _state(cache):
+    """Everything insert_many changes, with tensors compared by identity or by value."""
+    entries = [(k, e[1], e[2], e[3], e[4], e[5]) for k, e in cache._entries.items()]
+    # Copies differ between two caches: which entry each recorded storage belongs to.
+    storages = sorted((k, sid == storage_id(cache._entries[k][0]) if k in cache._entries else None)
+                      for sid, k in cache._by_storage.items())
+    return (entries, cache._bytes, dict(cache._layouts), {m: dict(c) for m, c in cache._held.items()},
+            dict(cache._forgotten), storages, cache.stats())
+
+
+def _vouched_batch(gen, device):
+    """Fresh outputs of one layout: owned tensors, views of a larger storage (sometimes),
+    one modality or two."""
+    n = int(torch.randint(1, 6, (1,), generator=gen))
+    counts = torch.randint(1, 5, (n,), generator=gen).tolist()
+    keys = torch.randint(0, 12, (n,), generator=gen).tolist()
+    if torch.rand(1, generator=gen) < 0.3:
+        whole = torch.randn(sum(counts), 4, generator=gen).to(device)
+        tensors = list(whole.split(counts))  # views of one storage: each must be copied
+    else:
+        tensors = [torch.randn(c, 4, generator=gen).to(device) for c in counts]
+    mods = ["IMAGE" if torch.rand(1, generator=gen) < 0.7 else "AUDIO" for _ in keys]
+    return list(zip(keys, tensors)), counts, mods
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["owned", "shared"])
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+@pytest.mark.parametrize("seed", range(4))
+def test_vouched_insert_leaves_the_cache_as_the_checked_one_would(seed, device, share):
+    """A step's validated outputs are inserted by storage alone (``vouched``): the cache
+    must end up exactly as when every tensor's layout is read (entries in order, bytes,
+    layout counts, storage map, stats), through batches that fit, evict, repeat keys,
+    share storages and follow a reused buffer."""
+    gen = torch.Generator().manual_seed(seed)
+    checked, vouched = (EmbeddingCache(40 * ROW, share_storage=share) for _ in range(2))
+    layout = (4, torch.float32, torch.device(device))
+    reused, given = None, {}
+    for step in range(14):
+        pairs, counts, mods = _vouched_batch(gen, device)
+        if step % 5 == 4 and device == "cpu" and reused is not None:
+            pairs[0] = (pairs[0][0] + 100, reused)  # an encoder handing back a buffer it gave before
+            counts[0] = reused.shape[0]
+        given.update((id(t), t) for _, t in pairs)
+        protect = list(checked._entries)[-1:]
+        checked.insert_many(pairs, protect=protect, modalities=mods)
+        vouched.insert_many(pairs, protect=protect, modalities=mods, vouched=layout, rows=counts)
+        assert _state(vouched) == _state(checked)
+        for key in checked._entries:
+            a, b = checked._entries[key][0], vouched._entries[key][0]
+            assert a.shape == b.shape and (device == "meta" or torch.equal(a, b))
+            assert (given.get(id(a)) is a) == (given.get(id(b)) is b)  # both kept as given, or both copied
+        reused = pairs[-1][1]
+    assert checked.stats().insertions > 10
+
+
+def test_vouched_insert_refuses_a_layout_the_cache_holds_otherwise():
+    cache = EmbeddingCache(1 << 20)
+    cache.insert_many([(1, rows(2))], modalities=["IMAGE"])
+    wide = torch.zeros(2, 5)
+    with pytest.raises(CacheLayoutError, match="key 7: a IMAGE embedding of hidden size 5"):
+        cache.insert_many([(7, wide), (8, torch.zeros(2, 5))], modalities=["IMAGE", "IMAGE"],
+                          vouched=(5, torch.float32, torch.device("cpu")), rows=[2, 2])
+    assert list(cache._entries) == [1]
