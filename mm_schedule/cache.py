@@ -225,6 +225,12 @@ class EmbeddingCache:
         Also returns the layout ``(hidden, dtype, device)`` every entry of the cache
         shares at that moment, or None when they differ: with one layout, a step checks
         its hits against what it needs once instead of once per hit."""
+        found, layout, _ = self.lookup_all(keys, rows)
+        return found, layout
+
+    def lookup_all(self, keys: Sequence[int], rows: Sequence[int]) -> tuple[list[Any], tuple | None, bool]:
+        """``lookup_many``, and whether every key was found (the planner then marks every
+        source a hit without reading the list again)."""
         with self._lock:
             entries = self._entries
             found = list(map(entries.get, keys))
@@ -237,10 +243,10 @@ class EmbeddingCache:
             if counts is not None and counts == (rows if type(rows) is list else list(rows)):
                 deque(map(entries.move_to_end, keys), maxlen=0)
                 self._hits += len(found)
-                return list(map(_tensor_of, found)), self._layout()
+                return list(map(_tensor_of, found)), self._layout(), True
             if found == [None] * len(found):  # nothing cached (a cold step): no entry to check
                 self._misses += len(found)
-                return found, self._layout()
+                return found, self._layout(), not found
             out = []
             append = out.append
             hits = 0
@@ -263,7 +269,7 @@ class EmbeddingCache:
                     append(None)
             self._hits += hits
             self._misses += len(out) - hits
-            return out, self._layout()
+            return out, self._layout(), hits == len(out)
 
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None

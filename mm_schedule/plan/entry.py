@@ -58,4 +58,4 @@ def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget, 
         if bounds is not None:
             items = request_slices(items, bounds)
         plan = plan_general(items, prefixes, extends, offsets, row_offsets, budget)
-    return plan.with_lookups(None if cache is None else cache.lookup_many)
+    return plan.with_lookups(None if cache is None else getattr(cache, "lookup_all", None) or cache.lookup_many)

@@ -273,3 +273,15 @@ def test_vouched_insert_refuses_a_layout_the_cache_holds_otherwise():
         cache.insert_many([(7, wide), (8, torch.zeros(2, 5))], modalities=["IMAGE", "IMAGE"],
                           vouched=(5, torch.float32, torch.device("cpu")), rows=[2, 2])
     assert list(cache._entries) == [1]
+
+
+@pytest.mark.parametrize(("keys", "want_rows", "every"), [
+    ((1, 2), (1, 1), True), ((1, 4), (1, 1), False), ((5, 6), (1, 1), False), ((1, 3), (1, 2), False), ((), (), True)])
+def test_lookup_all_says_whether_every_key_was_found(keys, want_rows, every):
+    """All found, one missing, none cached, a row-count mismatch (discarded), nothing asked."""
+    cache = EmbeddingCache(1 << 20)
+    for k, n in ((1, 1), (2, 1), (3, 3)):
+        cache.insert(k, rows(n, float(k)))
+    found, _, all_found = cache.lookup_all(list(keys), list(want_rows))
+    assert all_found is every
+    assert all_found == all(t is not None for t in found)
