@@ -26,7 +26,10 @@ hidden size and dtype of each modality are declared by the caller (``hidden_size
 ``dtypes=``, kept for good) or learned from the entries of the modality the cache holds.
 A learned layout is only as good as the outputs it came from, so it lasts as long as
 they do: once no entry of it is held (evicted, discarded, freed) it is forgotten, and
-the next outputs of the modality set it again (the log says when that changes it).
+the next outputs of the modality set it again (the log says when that changes it). A
+change is provisional until three inserts have brought the same layout: meanwhile its entries
+are not served (the next step encodes them again) and outputs of the layout it replaced
+undo it, so one faulty output that met no entry of its modality decides nothing alone.
 ``insert_many`` refuses, under its lock, a batch whose tensors disagree with a declared
 layout, with the layout of held entries, or with each other (``CacheLayoutError``,
 nothing inserted or evicted), so a faulty output cannot poison the cache, whichever
@@ -63,6 +66,9 @@ log = logging.getLogger(__name__)
 # on; the modality (or None, for entries set without one) keys the per-modality layouts.
 _TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY = 0, 1, 2, 3, 4, 5
 _REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered (most recent)
+# Inserts (steps) that must bring a changed learned layout before its entries are served: one
+# faulty output, or two in a row, in a moment its modality held no entry decide nothing.
+_CONFIRMING_INSERTS = 3
 _tensor_of, _row_count, _charged = itemgetter(_TENSOR), itemgetter(_ROWS), itemgetter(_BYTES)
 _first, _second = itemgetter(0), itemgetter(1)
 _storage_of, _storage_bytes, _data_ptr = (methodcaller("untyped_storage"), methodcaller("nbytes"),
@@ -206,6 +212,10 @@ class EmbeddingCache:
         # modality -> Counter of (hidden, dtype) over the held entries of that modality
         self._held: dict[str, Counter] = {}
         self._forgotten: dict[str, tuple] = {}  # modality -> its last learned layout, once none is held
+        # modality -> (layout it had, layout learned since, last insert that brought it, inserts
+        # that did): a change of learned layout not yet confirmed (see _count_held)
+        self._provisional: dict[str, tuple] = {}
+        self._inserts = 0  # inserts so far, each a batch (which insert brought a layout)
         self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
         self._reused: OrderedDict[tuple, None] = OrderedDict()
         self._warned_reuse = False
@@ -240,7 +250,8 @@ class EmbeddingCache:
                 counts = list(map(_row_count, found))
             except TypeError:
                 counts = None
-            if counts is not None and counts == (rows if type(rows) is list else list(rows)):
+            if counts is not None and counts == (rows if type(rows) is list else list(rows)) \
+                    and not self._provisional:
                 deque(map(entries.move_to_end, keys), maxlen=0)
                 self._hits += len(found)
                 return list(map(_tensor_of, found)), self._layout(), True
@@ -251,9 +262,12 @@ class EmbeddingCache:
             append = out.append
             hits = 0
             move = entries.move_to_end
+            provisional = self._provisional
             for key, n in zip(keys, rows):
                 entry = entries.get(key)
-                if entry is None:
+                if entry is None or (provisional and entry[_MODALITY] in provisional):
+                    # Entries of a layout change not yet confirmed are not served:
+                    # the step encodes them again, which confirms the change or undoes it.
                     append(None)
                 elif entry[_ROWS] == n:
                     move(key)
@@ -279,6 +293,13 @@ class EmbeddingCache:
         neither declared nor (unless ``declared_only``) learned from the entries held."""
         with self._lock:
             return self._layout_of(modality, declared_only)
+
+    def layout_changing(self, modality: str) -> bool:
+        """True while ``modality``'s learned layout is a change fewer than three inserts
+        brought (``_CONFIRMING_INSERTS``): a step then holds its outputs to the declared layout only,
+        and the cache keeps whichever of the two layouts they have (see ``_count_held``)."""
+        with self._lock:
+            return modality in self._provisional
 
     def layout_source(self, modality: str) -> str:
         """Where ``layout_of(modality)`` comes from, in words (for error messages)."""
@@ -383,13 +404,22 @@ class EmbeddingCache:
         return hidden, dtype
 
     def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> None:
+        self._inserts += 1
         batch: dict[str, tuple[int, Any]] = {}
         replace: dict[str, tuple[int, Any]] = {}
         seen: dict[str, set] = {}
         for _, entry in prepared:
             if entry[_MODALITY] is not None:
                 seen.setdefault(entry[_MODALITY], set()).add(entry[_LAYOUT][:2])
+        undo = []
         for modality, layouts in seen.items():
+            change = self._provisional.get(modality)
+            if change is not None and change[0] in layouts:
+                # Outputs of the layout an unconfirmed change replaced: that change came from
+                # fewer inserts, these agree with every insert before it, so they win.
+                batch[modality] = change[0]
+                undo.append(modality)
+                continue
             # A batch at odds with itself while no entry of its modality is held: the
             # layout last learned (if it is one of the batch's) names the odd tensor out.
             previous = self._forgotten.get(modality)
@@ -420,6 +450,23 @@ class EmbeddingCache:
             batch.setdefault(modality, (hidden, dtype))
         for modality, layout in replace.items():
             self._replace_learned(modality, layout)
+        for modality in undo:
+            self._undo_change(modality)
+
+    def _undo_change(self, modality: str) -> None:
+        """Evict the entries of an unconfirmed layout change of ``modality``; the layout it
+        replaced is learned again from the entries being inserted (no change to log then)."""
+        old, new, _, _ = self._provisional.pop(modality)
+        stale = [key for key, entry in self._entries.items() if entry[_MODALITY] == modality]
+        for key in stale:
+            self._pop(key)
+            self._discarded += 1
+        self._forgotten.pop(modality, None)
+        log.warning(
+            "%s embeddings are back to hidden size %d and dtype %s: the change to hidden size %d and dtype %s,"
+            " not yet confirmed by later inserts, was undone by outputs of the earlier layout; its %d"
+            " cached %s entries were evicted", modality, old[0], old[1], new[0], new[1], len(stale), modality,
+        )
 
     def _replace_learned(self, modality: str, layout: tuple) -> None:
         """Evict every held ``modality`` entry of another hidden size than ``layout``'s."""
@@ -435,6 +482,7 @@ class EmbeddingCache:
             " never declared, were evicted", modality, layout[0], layout[1], len(stale), modality, old[0], old[1],
         )
         self._forgotten.pop(modality, None)
+        self._provisional.pop(modality, None)
 
     def _layout_source(self, modality: str) -> str:
         hidden = modality in self._hidden_sizes or None in self._hidden_sizes
@@ -557,6 +605,7 @@ class EmbeddingCache:
             self._layouts.clear()
             self._held.clear()
             self._forgotten.clear()
+            self._provisional.clear()
             self._by_storage.clear()
             self._bytes = 0
 
@@ -650,11 +699,25 @@ class EmbeddingCache:
             held = self._held[modality] = Counter()
             previous = self._forgotten.pop(modality, None)
             if previous is not None and previous != layout:
+                change = self._provisional.get(modality)
+                # Against the layout before an unconfirmed change, not the change itself.
+                self._provisional[modality] = (change[0] if change else previous, layout, self._inserts, 1)
                 log.warning(
                     "%s embeddings now have hidden size %d and dtype %s, learned from new entries; the layout"
-                    " learned before (hidden size %d, dtype %s) was forgotten with the last entry that had it",
-                    modality, layout[0], layout[1], previous[0], previous[1],
+                    " learned before (hidden size %d, dtype %s) was forgotten with the last entry that had it."
+                    " Until %d more inserts bring that layout, its entries are not served",
+                    modality, layout[0], layout[1], previous[0], previous[1], _CONFIRMING_INSERTS - 1,
                 )
+        if sign > 0:
+            change = self._provisional.get(modality)
+            if change is not None and change[1] == layout and change[2] != self._inserts:
+                inserts = change[3] + 1
+                if inserts < _CONFIRMING_INSERTS:
+                    self._provisional[modality] = (change[0], layout, self._inserts, inserts)
+                else:
+                    del self._provisional[modality]
+                    log.info("%s embeddings: hidden size %d and dtype %s confirmed by %d inserts",
+                             modality, layout[0], layout[1], inserts)
         _count(held, layout, sign)
         if not held:
             del self._held[modality]

@@ -155,7 +155,8 @@ def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: 
     known, sources = {}, {}
     for modality in set(plan.modalities):
         layout = cache.layout_of(modality)
-        if expected.proven and layout[0] is not None and layout[0] != expected.hidden:
+        if (expected.proven and layout[0] is not None and layout[0] != expected.hidden) \
+                or cache.layout_changing(modality):
             layout = cache.layout_of(modality, declared_only=True)
         if layout != (None, None):
             known[modality] = layout

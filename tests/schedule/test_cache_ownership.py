@@ -288,6 +288,12 @@ def test_threads_with_injected_faults_match_the_naive_reference(backend, declare
                 outcomes["refused"] += 1
                 continue
             want = naive_reference(reqs)
+            if fault == "dtype" and got.dtype == torch.float64 and torch.equal(got.float(), want):
+                # The faulty output met no entry of its modality to be held to (others' steps had
+                # just evicted them): the step takes its dtype, and the cache the change only
+                # until another step's outputs undo it (test_learned_layouts).
+                outcomes["right"] += 1
+                continue
             if not torch.equal(got, want):
                 problems.append(f"{fault} fault on {victim} ({'fused' if fused else 'packed'}): rows differ")
             outcomes["right"] += 1

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 
@@ -166,27 +165,72 @@ def test_a_fused_step_evicts_a_bad_entry_then_packed_steps_run(backend):
                            naive_reference(reqs, GOOD))
 
 
-@pytest.mark.xfail(strict=True, raises=CacheLayoutError, reason="known limit: a layout learned from the one entry of a step that"
-                   " emptied its modality binds later packed steps until that entry goes (no rule yet tells"
-                   " which of two single-step layouts is right)")
-def test_a_step_that_empties_its_modality_does_not_decide_its_dtype_alone(backend):
+def _image(h: int, length: int) -> RequestChunk:
+    return RequestChunk(items=[MMItem(modality="IMAGE", hash=h, offsets=[(0, length - 1)], feature=torch.zeros(1),
+                                      pad_value=PAD)], prefix=0, extend=length)
+
+
+def _doubled(items):
+    return CountingEncoder(hidden=GOOD)(items).double()
+
+
+def test_a_step_that_empties_its_modality_does_not_decide_its_layout_alone(backend, caplog):
     """One image cached (float32); a step brings its hash with another length, so its own
-    lookup discards that only IMAGE entry, and its encoder returns float64: the layout is
-    then learned from that one output. A fault-free packed step of another image should
-    still run (what the thread test above meets once in a while, across threads)."""
+    lookup discards that only IMAGE entry, and its encoder returns float64: that output
+    changes the learned layout, but only until another insert says otherwise. The next
+    fault-free step undoes the change (evicting the float64 entry, saying so), and from then
+    on float64 outputs are refused again. (The thread test above met this across threads.)"""
     cache = EmbeddingCache(1 << 20, hidden_sizes=GOOD)
-    rng = random.Random(9)
+    embed_chunk([_image(1, 2)], CountingEncoder(hidden=GOOD), cache=cache)
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        cut = embed_chunk([_image(1, 3)], _doubled, cache=cache)
+    assert cut.embedding.dtype == torch.float64  # nothing in that step said otherwise
+    assert cache.layout_changing("IMAGE")
+    assert any("Until 2 more inserts bring that layout" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        for h in (2, 3, 4):
+            good = [_image(h, 2), _image(1, 3)]
+            assert torch.equal(embed_chunk(good, CountingEncoder(hidden=GOOD), cache=cache).embedding,
+                               naive_reference(good, GOOD))
+    assert any("back to hidden size 16 and dtype torch.float32" in r.message for r in caplog.records)
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32) and not cache.layout_changing("IMAGE")
+    with pytest.raises(CacheLayoutError, match=r"item hash 9: .*dtype torch\.float64"):
+        embed_chunk([_image(9, 2)], _doubled, cache=cache)
+    assert 9 not in cache
 
-    def doubled(items):
-        return CountingEncoder(hidden=GOOD)(items).double()
 
-    first = _request([1], rng)
-    embed_chunk([first], CountingEncoder(hidden=GOOD), cache=cache)
-    other_length = first.items[0].offsets[0][1] - first.items[0].offsets[0][0] + 2
-    cut = RequestChunk(items=[MMItem(modality="IMAGE", hash=1, offsets=[(0, other_length - 1)],
-                                     feature=torch.zeros(1), pad_value=PAD)], prefix=0, extend=other_length)
-    with contextlib.suppress(CacheLayoutError):  # refusing the float64 output would be a fix too
-        embed_chunk([cut], doubled, cache=cache)
-    good = [_request([2], rng)]
-    assert torch.equal(embed_chunk(good, CountingEncoder(hidden=GOOD), cache=cache).embedding,
-                       naive_reference(good, GOOD))
+def test_a_layout_change_is_served_once_a_second_insert_confirms_it(backend, caplog):
+    """A real change of model (float64 from now on) after the modality's entries went: the
+    new layout's entries are encoded again by the next two steps instead of served, which
+    confirms the change; from then on they are hits, and float32 outputs are refused."""
+    cache = EmbeddingCache(1 << 20, hidden_sizes=GOOD)
+    embed_chunk([_image(1, 2)], CountingEncoder(hidden=GOOD), cache=cache)
+    cache.discard(1)
+    new = CountingEncoder(hidden=GOOD)
+    model = lambda items: new(items).double()  # noqa: E731 - the changed model
+    reqs = [_image(5, 3)]
+    embed_chunk(reqs, model, cache=cache)
+    assert cache.layout_changing("IMAGE")
+    with caplog.at_level(logging.INFO, logger="mm_schedule.cache"):
+        embed_chunk(reqs, model, cache=cache)
+        assert cache.layout_changing("IMAGE")
+        third = embed_chunk(reqs, model, cache=cache)
+    assert new.calls == [[5], [5], [5]]  # not served before the third insert
+    assert any("confirmed by 3 inserts" in r.message for r in caplog.records)
+    assert not cache.layout_changing("IMAGE") and cache.layout_of("IMAGE") == (GOOD, torch.float64)
+    fourth = embed_chunk(reqs, model, cache=cache)
+    assert new.calls == [[5], [5], [5]] and torch.equal(fourth.embedding, third.embedding)
+    with pytest.raises(CacheLayoutError, match="item hash 6"):
+        embed_chunk([_image(6, 2)], CountingEncoder(hidden=GOOD), cache=cache)
+
+
+def test_an_output_of_a_third_layout_is_refused_while_a_change_is_unconfirmed(backend):
+    cache = EmbeddingCache(1 << 20)
+    embed_chunk([_image(1, 2)], CountingEncoder(hidden=GOOD), cache=cache)
+    cache.discard(1)
+    embed_chunk([_image(2, 2)], _doubled, cache=cache)  # float64, hidden 16: unconfirmed
+    assert cache.layout_changing("IMAGE")
+    with pytest.raises(CacheLayoutError, match=r"item hash 3: .*hidden size 15"):
+        embed_chunk([_image(3, 2)], CountingEncoder(hidden=BAD), cache=cache)
+    assert 3 not in cache and cache.layout_changing("IMAGE")
