@@ -320,16 +320,17 @@ class EmbeddingCache:
         ``(hidden, dtype, device)`` every tensor is known to have, 2-D with ``rows[i]``
         rows, detached, contiguous and not a negated view (a step's validated outputs):
         then only their storages are read, not each tensor's layout."""
-        pairs = pairs_list = list(entries)
+        pairs = list(entries)
         mods = [None] * len(pairs) if modalities is None else list(modalities)
         share = self.share_storage
         if vouched is not None and rows is not None and len(rows) == len(pairs):
-            keys = list(map(_first, pairs_list))
-            prepared, storages = self._vouched_entries(keys, list(map(_second, pairs_list)), rows, mods, vouched)
+            keys = list(map(_first, pairs))
+            prepared, storages = self._vouched_entries(keys, list(map(_second, pairs)), rows, mods, vouched)
         else:
             prepared, storages = [(key, _entry(tensor, None, modality, share=share))
                                   for (key, tensor), modality in zip(pairs, mods)], None
         with self._lock:
+            self._inserts += 1
             if modalities is not None:
                 self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
                                     replace_learned)
@@ -364,8 +365,7 @@ class EmbeddingCache:
         size read (a view of a larger storage is cloned, as ``_entry`` does), nothing else.
         Also returns the storage ids ``_account`` would record (None when a tensor was
         cloned: those entries are then accounted one by one)."""
-        hidden, dtype, device = vouched
-        layout = (hidden, dtype, device)
+        hidden, dtype, device = layout = vouched
         row_bytes = hidden * dtype.itemsize
         own = [n * row_bytes for n in rows]
         held = list(map(_storage_of, tensors))
@@ -382,16 +382,14 @@ class EmbeddingCache:
         entries = list(zip(keys, map(tuple, zip(tensors, rows, charged, repeat(None), repeat(layout), mods))))
         return entries, storages
 
-    def _account_vouched(self, keys: list, storages: list | None, mods: list, vouched: tuple) -> None:
+    def _account_vouched(self, keys: list, storages: Sequence, mods: list, layout: tuple) -> None:
         """``_account(key, entry, 1)`` for every entry of ``_vouched_entries``, counted per
         modality instead of per entry."""
-        layout = vouched
         self._layouts[layout] += len(keys)
         for modality, count in Counter(mods).items():
             if modality is not None:
                 self._count_held(modality, layout[:2], count)
-        if storages is not None:
-            self._by_storage.update(zip(storages, keys))
+        self._by_storage.update(zip(storages, keys))
 
     def _layout_of(self, modality: str | None, declared_only: bool = False) -> tuple[int | None, Any]:
         hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))
@@ -404,7 +402,6 @@ class EmbeddingCache:
         return hidden, dtype
 
     def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> None:
-        self._inserts += 1
         batch: dict[str, tuple[int, Any]] = {}
         replace: dict[str, tuple[int, Any]] = {}
         seen: dict[str, set] = {}
@@ -456,33 +453,35 @@ class EmbeddingCache:
     def _undo_change(self, modality: str) -> None:
         """Evict the entries of an unconfirmed layout change of ``modality``; the layout it
         replaced is learned again from the entries being inserted (no change to log then)."""
-        old, new, _, _ = self._provisional.pop(modality)
-        stale = [key for key, entry in self._entries.items() if entry[_MODALITY] == modality]
-        for key in stale:
-            self._pop(key)
-            self._discarded += 1
-        self._forgotten.pop(modality, None)
+        old, new, _, _ = self._provisional[modality]
+        evicted = self._evict_modality(modality)
         log.warning(
             "%s embeddings are back to hidden size %d and dtype %s: the change to hidden size %d and dtype %s,"
             " not yet confirmed by later inserts, was undone by outputs of the earlier layout; its %d"
-            " cached %s entries were evicted", modality, old[0], old[1], new[0], new[1], len(stale), modality,
+            " cached %s entries were evicted", modality, old[0], old[1], new[0], new[1], evicted, modality,
         )
 
-    def _replace_learned(self, modality: str, layout: tuple) -> None:
-        """Evict every held ``modality`` entry of another hidden size than ``layout``'s."""
+    def _evict_modality(self, modality: str, keep_hidden: int | None = None) -> int:
+        """Discard every held ``modality`` entry (of another hidden size than ``keep_hidden``,
+        when given) and forget what was learned from them; returns how many went."""
         stale = [key for key, entry in self._entries.items()
-                 if entry[_MODALITY] == modality and entry[_LAYOUT][0] != layout[0]]
-        old = self._layout_of(modality)
+                 if entry[_MODALITY] == modality and entry[_LAYOUT][0] != keep_hidden]
         for key in stale:
             self._pop(key)
             self._discarded += 1
+        self._forgotten.pop(modality, None)
+        self._provisional.pop(modality, None)
+        return len(stale)
+
+    def _replace_learned(self, modality: str, layout: tuple) -> None:
+        """Evict every held ``modality`` entry of another hidden size than ``layout``'s."""
+        old = self._layout_of(modality)
+        evicted = self._evict_modality(modality, keep_hidden=layout[0])
         log.warning(
             "%s embeddings now have hidden size %d and dtype %s (outputs of a step merged into input_embeds of"
             " that size); the %d cached %s entries of hidden size %s and dtype %s, a layout learned from them and"
-            " never declared, were evicted", modality, layout[0], layout[1], len(stale), modality, old[0], old[1],
+            " never declared, were evicted", modality, layout[0], layout[1], evicted, modality, old[0], old[1],
         )
-        self._forgotten.pop(modality, None)
-        self._provisional.pop(modality, None)
 
     def _layout_source(self, modality: str) -> str:
         hidden = modality in self._hidden_sizes or None in self._hidden_sizes

@@ -96,7 +96,7 @@ def _membership(ids: Any, pads: Any) -> Any:
 
 def sorted_membership(ids: Any, pads: Any) -> Any:
     """Which ``ids`` are among ``pads``: a token is one when the sorted ids hold it, i.e. its
-    left and right insertion points differ. Two searches and one compare: no gather, no
+    left and right insertion points differ. Two searches and a subtraction: no gather, no
     clamp, nothing read back to the host (the path for tensors on a device). The searches
     are ``bucketize``, the same device kernel as ``searchsorted`` with its arguments swapped,
     and the points are compared by an in-place subtraction read as bool: all three have
@@ -180,7 +180,7 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any =
 def _device_mask(ids: Any, placeholder_ids: Any) -> Any:
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
     if pads.dtype is ids.dtype and pads.device == ids.device and pads.dim() == 1 and ids.dtype in _TOKEN_BYTES:
-        return _membership(ids, pads)  # SGLang's usual call: int64 ids and ids on one device, nothing to convert
+        return _membership(ids, pads)  # SGLang's usual call: ids and pads of one int dtype on one device
     _integer(ids, "input_ids")
     _integer(pads, "placeholder ids")
     pads = pads.reshape(-1).to(ids.device, non_blocking=True)

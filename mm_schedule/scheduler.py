@@ -110,15 +110,15 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
         return
     keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if plan.has_hits else ()
-    if len(encoded) == len(keys) and list(encoded) == list(range(len(keys))):
-        # Every source, in order (a cold step).
-        pairs, encoded_modalities, rows = zip(keys, tensors), modalities, plan.rows
+    every = len(encoded) == len(keys) and list(encoded) == list(range(len(keys)))  # a cold step, in order
+    if every:
+        pairs, encoded_modalities = zip(keys, tensors), modalities
     else:
         pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
-        rows = [plan.rows[s] for s in encoded]
-    vouched = None
+    vouched = rows = None
     if checked and len(expected.dtypes) == 1 and expected.hidden is not None and expected.device is not None:
         vouched = (expected.hidden, next(iter(expected.dtypes)), expected.device)
+        rows = plan.rows if every else [plan.rows[s] for s in encoded]
     try:
         cache.insert_many(pairs, protect=protect, modalities=encoded_modalities,
                           replace_learned=expected.proven, vouched=vouched, rows=rows)
