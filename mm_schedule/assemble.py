@@ -47,7 +47,9 @@ def _whole_sources(plan: StepPlan) -> bool:
     # order: then every segment is a whole source (the usual all-cached step). All three
     # tests run in C, far cheaper than reading the table row by row.
     n = len(plan.rows)
-    return len(plan.seg_source) == n and plan.n_rows == sum(plan.rows) and list(plan.seg_source) == list(range(n))
+    seg_source = plan.seg_source
+    return len(seg_source) == n and plan.n_rows == sum(plan.rows) and (
+        seg_source if type(seg_source) is list else list(seg_source)) == list(range(n))
 
 
 def packed_table(plan: StepPlan) -> SegmentTable:

@@ -344,7 +344,8 @@ class EmbeddingCache:
                     and self._entries.keys().isdisjoint(added):
                 # New keys that fit without evicting (a step's encoder outputs, usually):
                 # all added at once, in order, exactly as one at a time would add them.
-                self._entries.update(added)
+                # Item by item from C: OrderedDict.update of a dict is about three times slower.
+                deque(map(self._entries.__setitem__, added, added.values()), maxlen=0)
                 if storages is None:
                     for key, entry in prepared:
                         self._account(key, entry, 1)

@@ -107,6 +107,24 @@ static int compare_end(PyObject *given, int64_t value) {
     return truth;
 }
 
+/* seq[r] as a new reference: read straight from an exact list or tuple when r is in range,
+ * else through Python's indexing (which raises what ``seq[r]`` raises in the Python pass). */
+static PyObject *element(PyObject *seq, Py_ssize_t r) {
+    if (PyList_CheckExact(seq) && r < PyList_GET_SIZE(seq)) {
+        return Py_NewRef(PyList_GET_ITEM(seq, r));
+    }
+    if (PyTuple_CheckExact(seq) && r < PyTuple_GET_SIZE(seq)) {
+        return Py_NewRef(PyTuple_GET_ITEM(seq, r));
+    }
+    PyObject *index = PyLong_FromSsize_t(r);
+    if (index == NULL) {
+        return NULL;
+    }
+    PyObject *value = PyObject_GetItem(seq, index);
+    Py_DECREF(index);
+    return value;
+}
+
 enum { OK = 0, GIVE_UP = 1, FAILED = -1 };
 
 typedef struct {
@@ -179,7 +197,7 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
     /* s_obj and e_obj are borrowed from the item's span, which the Python code below may
      * replace: from here on only the C copies s and e are used. */
     if (given != Py_None) {
-        PyObject *g = PySequence_GetItem(given, *k);
+        PyObject *g = element(given, *k);
         if (g == NULL) {
             goto done;
         }
@@ -228,27 +246,26 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
     }
     int64_t n = e - s + 1;
     int whole = s >= prefix && e < end;
-    PyObject *found = PyDict_GetItemWithError(c->source_of, h);
+    /* One probe finds the hash's source or makes it the next one: keys are exact ints, whose
+     * hashing and comparison run no code of the caller's. */
+    PyObject *next = PyLong_FromSsize_t(c->n_sources);
+    if (next == NULL) {
+        goto done;
+    }
+    PyObject *found = PyDict_SetDefault(c->source_of, h, next);
+    int added = found == next;
+    Py_DECREF(next); /* the dict holds it when it was added */
+    if (found == NULL) {
+        goto done;
+    }
     Py_ssize_t source;
     int is_new;
-    if (found == NULL) {
-        if (PyErr_Occurred()) {
-            goto done;
-        }
+    if (added) {
         source = c->n_sources;
+        c->n_sources += 1;
         if (append_new(c->rows, PyLong_FromLongLong(n)) < 0 || PyList_Append(c->keys, h) < 0) {
             goto done;
         }
-        PyObject *boxed = PyLong_FromSsize_t(source);
-        if (boxed == NULL) {
-            goto done;
-        }
-        int rc = PyDict_SetItem(c->source_of, h, boxed);
-        Py_DECREF(boxed);
-        if (rc < 0) {
-            goto done;
-        }
-        c->n_sources += 1;
         if (item_modality(c, item) < 0) {
             goto done;
         }
@@ -299,17 +316,21 @@ done:
     return status;
 }
 
-/* Request r's items when the step's items come as one flat list with request bounds
- * (SGLang's ``embedding_items`` and ``items_size``): the slice ``flat[bounds[r]:bounds[r+1]]``,
- * as a new list. 0 when a bound is not a non-negative int within LIMIT (the caller slices
- * in Python then, with Python's rules). */
-static int request_slice(PyObject *flat, PyObject *bounds, Py_ssize_t r, PyObject **items) {
-    int64_t lo, hi;
+/* Where request r's items lie in ``flat`` (the private copy of SGLang's ``embedding_items``):
+ * ``[*lo, *hi)``, what ``flat[bounds[r]:bounds[r + 1]]`` selects. 0 when a bound is not a
+ * non-negative int within LIMIT (the caller slices in Python then, with Python's rules). */
+static int request_range(PyObject *flat, PyObject *bounds, Py_ssize_t r, Py_ssize_t *lo, Py_ssize_t *hi) {
+    int64_t start, stop;
     PyObject *lo_obj = PyList_GET_ITEM(bounds, r), *hi_obj = PyList_GET_ITEM(bounds, r + 1);
-    if (!small_int(lo_obj, &lo) || !small_int(hi_obj, &hi) || lo < 0 || hi < 0) {
+    if (!small_int(lo_obj, &start) || !small_int(hi_obj, &stop) || start < 0 || stop < 0) {
         return 0;
     }
-    *items = PyList_GetSlice(flat, (Py_ssize_t)lo, (Py_ssize_t)hi);
+    Py_ssize_t n = PyList_GET_SIZE(flat);
+    *lo = start < n ? (Py_ssize_t)start : n;
+    *hi = stop < n ? (Py_ssize_t)stop : n;
+    if (*hi < *lo) {
+        *hi = *lo;
+    }
     return 1;
 }
 
@@ -318,13 +339,10 @@ static int request_slice(PyObject *flat, PyObject *bounds, Py_ssize_t r, PyObjec
 static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *token_base, PyObject *flat,
                         PyObject *bounds) {
     int status = FAILED;
-    PyObject *index = PyLong_FromSsize_t(r);
     PyObject *prefix_obj = NULL, *extend_obj = NULL, *row_obj = NULL, *items = NULL, *given = NULL, *it = NULL;
-    if (index == NULL) {
-        return FAILED;
-    }
-    if ((prefix_obj = PyObject_GetItem(args[1], index)) == NULL || (extend_obj = PyObject_GetItem(args[2], index)) == NULL
-        || (row_obj = PyObject_GetItem(args[4], index)) == NULL) {
+    Py_ssize_t lo = 0, hi = 0;
+    if ((prefix_obj = element(args[1], r)) == NULL || (extend_obj = element(args[2], r)) == NULL
+        || (row_obj = element(args[4], r)) == NULL) {
         goto done;
     }
     int64_t prefix, extend, row_offset;
@@ -339,14 +357,11 @@ static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *tok
         goto done;
     }
     if (flat != NULL) {
-        if (!request_slice(flat, bounds, r, &items)) {
+        if (!request_range(flat, bounds, r, &lo, &hi)) {
             status = GIVE_UP;
             goto done;
         }
-        if (items == NULL) {
-            goto done;
-        }
-    } else if ((items = PyObject_GetItem(args[0], index)) == NULL) {
+    } else if ((items = element(args[0], r)) == NULL) {
         goto done;
     }
     if (extend <= 0) {
@@ -358,17 +373,17 @@ static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *tok
         status = GIVE_UP;
         goto done;
     }
-    int nonempty = PyObject_IsTrue(items);
+    int nonempty = items == NULL ? hi > lo : PyObject_IsTrue(items);
     if (nonempty <= 0) {
         status = nonempty < 0 ? FAILED : OK;
         goto done;
     }
-    if ((given = PyObject_GetItem(args[3], index)) == NULL) {
+    if ((given = element(args[3], r)) == NULL) {
         goto done;
     }
     if (given != Py_None) {
-        Py_ssize_t n_given = PyObject_Length(given), n_items;
-        if (n_given < 0 || (n_items = PyObject_Length(items)) < 0) {
+        Py_ssize_t n_given = PyObject_Length(given), n_items = hi - lo;
+        if (n_given < 0 || (items != NULL && (n_items = PyObject_Length(items)) < 0)) {
             goto done;
         }
         if (n_given != n_items) {
@@ -379,20 +394,33 @@ static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *tok
     int64_t end = prefix + extend, token_shift = row_offset - prefix, prev_end = -1;
     Py_ssize_t k = 0;
     Py_ssize_t first_segment = PyList_GET_SIZE(c->seg_token_row), first_source = PyList_GET_SIZE(c->keys);
-    if ((it = PyObject_GetIter(items)) == NULL) {
-        goto done;
-    }
-    PyObject *item;
-    while ((item = PyIter_Next(it)) != NULL) {
-        int item_status = plan_item(c, item, r, given, &k, &prev_end, prefix, end, token_shift);
-        Py_DECREF(item);
-        if (item_status != OK) {
-            status = item_status;
+    if (items == NULL) {
+        /* flat is this call's own copy: nothing the users' code runs can change it */
+        for (Py_ssize_t i = lo; i < hi; i++) {
+            PyObject *item = Py_NewRef(PyList_GET_ITEM(flat, i));
+            int item_status = plan_item(c, item, r, given, &k, &prev_end, prefix, end, token_shift);
+            Py_DECREF(item);
+            if (item_status != OK) {
+                status = item_status;
+                goto done;
+            }
+        }
+    } else {
+        if ((it = PyObject_GetIter(items)) == NULL) {
             goto done;
         }
-    }
-    if (PyErr_Occurred()) {
-        goto done;
+        PyObject *item;
+        while ((item = PyIter_Next(it)) != NULL) {
+            int item_status = plan_item(c, item, r, given, &k, &prev_end, prefix, end, token_shift);
+            Py_DECREF(item);
+            if (item_status != OK) {
+                status = item_status;
+                goto done;
+            }
+        }
+        if (PyErr_Occurred()) {
+            goto done;
+        }
     }
     if (append_repeated(c->requests, r, PyList_GET_SIZE(c->keys) - first_source) < 0
         || append_repeated(c->seg_request, r, PyList_GET_SIZE(c->seg_token_row) - first_segment) < 0) {
@@ -400,7 +428,6 @@ static int plan_request(Columns *c, PyObject *args[], Py_ssize_t r, int64_t *tok
     }
     status = OK;
 done:
-    Py_DECREF(index);
     Py_XDECREF(prefix_obj);
     Py_XDECREF(extend_obj);
     Py_XDECREF(row_obj);
