@@ -27,6 +27,7 @@ from typing import Any
 from . import evs
 from .cache import EmbeddingCache
 from .context import StepContext
+from .errors import InvalidItemError
 from .placeholders import (
     checked_mask,
     count_mm_tokens_in_extend,
@@ -137,6 +138,11 @@ def embedding_and_mask(
     placeholder tokens without checking that ``input_ids`` holds one per planned row
     (SGLang counts the rows from the offsets alone)."""
     n = min(len(items_size) - 1, len(prefixes))
+    if len(extends) < n:
+        # SGLang reads a request past the end of extend_length as extending nothing.
+        extends = [*extends, *[0] * (n - len(extends))]
+    if len(offsets) < n:
+        offsets = _padded_offsets(offsets, items_size, n)
     if evs.pruned_video_requests(items, items_size, n):
         return evs.get_embedding_and_mask(
             data_embedding_func, items, placeholder_tensor, input_ids, items_size, prefixes,
@@ -154,6 +160,18 @@ def embedding_and_mask(
         mask = marked_placeholders(input_ids, placeholder_tensor)[0]
     result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
+
+
+def _padded_offsets(offsets: list | tuple, items_size: list, n: int) -> list:
+    """``offsets`` for ``n`` requests: one past its end is refused when that request has
+    items (their spans would be unchecked), else given none."""
+    for r in range(len(offsets), n):
+        if items_size[r] != items_size[r + 1]:
+            raise InvalidItemError(
+                f"request {r}: items_offset_list has {len(offsets)} entries, but items_size gives this request"
+                f" {items_size[r + 1] - items_size[r]} item(s) and prefix_length {n} requests"
+            )
+    return [*offsets, *[None] * (n - len(offsets))]
 
 
 def _as_list(values: Any) -> list | tuple:

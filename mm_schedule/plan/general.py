@@ -3,8 +3,9 @@
 It handles what the flat planner leaves to it: items with several spans (video frames,
 image slices), whose modality group of a request is encoded together under one
 combined key, as SGLang does; precomputed embeddings; items listed out of position
-order; hash collisions between items of different lengths (one hash under two
-modalities is refused: ``ConflictingHashError``); and every malformed input,
+order; hash collisions between items of one modality and different lengths (one hash
+under two modalities is refused, whatever the lengths: ``ConflictingHashError``); and
+every malformed input,
 which it refuses with an error naming the request and the item. It plans every
 source that could be cached a miss; ``StepPlan.with_lookups`` then looks them up.
 """
@@ -51,6 +52,7 @@ class _Columns:
         self.first_items: list = []
         self.multi_items: dict[int, tuple[tuple, tuple]] = {}
         self.by_identity: dict[tuple, int] = {}
+        self.source_of_key: dict[int, int] = {}  # key -> its first source (one key names one modality)
         self.uses: list[tuple[int, Any]] = []  # (source, item or tuple of items) per request use
 
 
@@ -153,15 +155,20 @@ def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
     else:
         key = combine_hashes([item_key(getattr(it, "hash", None), index) for it in items])
     identity = (PRECOMPUTED, id(items[0]), rows) if precomputed else (per_item, key, rows)
+    if not precomputed:
+        # Checked before the lengths: a key under two modalities conflicts whatever its
+        # rows, or the step would encode it twice and cache whichever came last.
+        first = cols.source_of_key.setdefault(key, len(cols.kinds))
+        if first < len(cols.kinds) and cols.modalities[first] != modality:
+            raise ConflictingHashError(
+                f"request {index}: item hash {getattr(items[0], 'hash', None)!r} is a {modality} item of {rows}"
+                f" tokens, and request {cols.requests[first]} has a {cols.modalities[first]} item of"
+                f" {cols.rows[first]} tokens with the same hash; one hash names one embedding, so give the items"
+                " distinct hashes",
+                item_hash=getattr(items[0], "hash", None), modalities=(cols.modalities[first], modality),
+            )
     found = cols.by_identity.get(identity)
     if found is not None:
-        if cols.modalities[found] != modality:
-            raise ConflictingHashError(
-                f"request {index}: item hash {getattr(items[0], 'hash', None)!r} is a {modality} item, and"
-                f" request {cols.requests[found]} has a {cols.modalities[found]} item with the same hash and"
-                f" {rows} tokens; one hash names one embedding, so give the items distinct hashes",
-                item_hash=getattr(items[0], "hash", None), modalities=(cols.modalities[found], modality),
-            )
         return found
     source = len(cols.kinds)
     cols.by_identity[identity] = source

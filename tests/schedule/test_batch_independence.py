@@ -55,12 +55,39 @@ def test_one_hash_under_two_modalities_is_refused_whatever_else_is_in_the_step(m
     for reqs in (conflicting + others, others + conflicting):
         cache = EmbeddingCache(1 << 20)
         encoders = _encoders()
-        with pytest.raises(ConflictingHashError, match=r"item hash 7 is a IMAGE item, and request \d+ has a VIDEO"
-                                                       r" item with the same hash") as info:
+        with pytest.raises(ConflictingHashError, match=r"item hash 7 is a IMAGE item of 3 tokens, and request \d+"
+                                                       r" has a VIDEO item of 3 tokens with the same hash") as info:
             embed_chunk(reqs, encoders, cache=cache)
         assert info.value.item_hash == 7 and set(info.value.modalities) == {"IMAGE", "VIDEO"}
         assert isinstance(info.value, InvalidItemError)
         assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []
+
+
+@pytest.mark.parametrize("with_c_pass", [True, False], ids=["c-pass", "python-pass"])
+@pytest.mark.parametrize("lengths", [(4, 6), (6, 4), (3, 1)])
+def test_one_hash_under_two_modalities_of_two_lengths_is_refused_too(monkeypatch, with_c_pass, lengths):
+    """A hash under two modalities is refused whatever its lengths: kept apart as two
+    sources, both would be encoded and the cache would keep whichever came last, so which
+    rows a later step gets would depend on the company the hash kept."""
+    if not with_c_pass:
+        monkeypatch.setattr(flat, "_flat_columns_c", None)
+    image, video = lengths
+    a = RequestChunk(items=[_item(777, 0, image, "IMAGE")], prefix=0, extend=8)
+    b = RequestChunk(items=[_item(777, 0, video, "VIDEO")], prefix=0, extend=8)
+    for reqs, first in (([a, b], ("IMAGE", image)), ([b, a], ("VIDEO", video))):
+        cache, encoders = EmbeddingCache(1 << 20), _encoders()
+        with pytest.raises(ConflictingHashError, match=rf"request 0 has a {first[0]} item of {first[1]} tokens"
+                                                       r" with the same hash") as info:
+            embed_chunk(reqs, encoders, cache=cache)
+        assert info.value.item_hash == 777 and info.value.modalities[0] == first[0]
+        assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []
+    # Alone, each is planned, encoded and cached as what it is; an item of the other
+    # modality outside the window conflicts with nothing.
+    cache, encoders = EmbeddingCache(1 << 20), _encoders()
+    outside = RequestChunk(items=[_item(1, 0, 2, "IMAGE"), _item(777, 20, video, "VIDEO")], prefix=0, extend=8)
+    result = embed_chunk([a, outside], encoders, cache=cache)
+    assert torch.equal(result.embedding[:image], truth(777, image))
+    assert encoders["IMAGE"].hashes == [777, 1] and encoders["VIDEO"].hashes == []
 
 
 @st.composite
@@ -77,6 +104,7 @@ def _request(draw, hashes, base: int):
         modality, spans, length = shapes[h]
         if spans == 1 and draw(st.integers(0, 3)) == 0:
             modality = "IMAGE" if modality == "VIDEO" else "VIDEO"
+            length = draw(st.integers(1, 4))  # the other modality, of its own length or not
         if spans > 1 and modality == "VIDEO":
             item = _video(h, pos, spans, length)
         else:

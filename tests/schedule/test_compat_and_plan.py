@@ -1,3 +1,4 @@
+import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -273,3 +274,41 @@ def test_flat_and_general_planners_build_the_same_plan():
         assert (flat.n_rows, flat.n_tokens) == (general.n_rows, general.n_tokens)
         compared += 1
     assert compared > 150
+
+
+def _two_request_step(rng):
+    """Two one-image requests in SGLang's argument layout, with random spans and rows."""
+    spans = [(rng.randint(0, 2), None), (rng.randint(0, 2), None)]
+    spans = [(s, s + rng.randint(1, 4)) for s, _ in spans]
+    items = [MMItem("IMAGE", rng.getrandbits(40), [span], pad_value=1000 + r) for r, span in enumerate(spans)]
+    ids = []
+    for r, (s, e) in enumerate(spans):
+        row = [7] * (e + 2)
+        row[s : e + 1] = [1000 + r] * (e - s + 1)
+        ids += row
+    extends = [e + 2 for _, e in spans]
+    rows = {it.hash: torch.randn(e - s + 1, HIDDEN) for it, (s, e) in zip(items, spans)}
+    return items, torch.tensor(ids), torch.tensor([1000, 1001]), extends, [[span] for span in spans], rows
+
+
+def test_sglang_lists_shorter_than_the_requests():
+    """SGLang reads a request past the end of ``extend_length`` as extending nothing; an
+    ``items_offset_list`` too short for a request that has items is refused, naming it."""
+    rng = random.Random()
+    items, ids, pads, extends, offsets, rows = _two_request_step(rng)
+
+    def encoder(batch):
+        return [rows[it.hash] for it in batch]
+
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    first = ids[: extends[0]]
+    emb, mask, _ = mm_schedule.get_embedding_and_mask(encoder, items, pads, first, [0, 1, 2], [0, 0], extends[:1],
+                                                      offsets)
+    assert torch.equal(emb, rows[items[0].hash])
+    assert int(mask.sum()) == rows[items[0].hash].shape[0]
+    with pytest.raises(InvalidItemError, match=r"request 1: items_offset_list has 1 entries"):
+        mm_schedule.get_embedding_and_mask(encoder, items, pads, ids, [0, 1, 2], [0, 0], extends, offsets[:1])
+    # A request without items needs no offsets entry.
+    emb, _, _ = mm_schedule.get_embedding_and_mask(encoder, items[:1], pads[:1], first, [0, 1, 1], [0, 0],
+                                                   [extends[0], 3], offsets[:1])
+    assert torch.equal(emb, rows[items[0].hash])
