@@ -409,6 +409,9 @@ class EmbeddingCache:
         for _, entry in prepared:
             if entry[_MODALITY] is not None:
                 seen.setdefault(entry[_MODALITY], set()).add(entry[_LAYOUT][:2])
+        if replace_learned:
+            for modality, layouts in seen.items():
+                self._settle_proven(modality, layouts)
         undo = []
         for modality, layouts in seen.items():
             change = self._provisional.get(modality)
@@ -450,6 +453,32 @@ class EmbeddingCache:
             self._replace_learned(modality, layout)
         for modality in undo:
             self._undo_change(modality)
+
+    def _settle_proven(self, modality: str, layouts: set) -> None:
+        """A step whose hidden size ``input_embeds`` proves settles what no count of inserts
+        should decide for it: a learned layout of another hidden size, forgotten with its last
+        entry (a merge step evicts its own unfit hits first), is not brought back by this
+        step's inserts as a change to confirm; an unconfirmed change to the proven hidden size
+        (the dtype kept) is confirmed. Later faulty outputs then cannot undo the proof."""
+        hidden = {layout[0] for layout in layouts}
+        if len(hidden) != 1 or modality in self._hidden_sizes or None in self._hidden_sizes:
+            return
+        (proven,) = hidden
+        previous = self._forgotten.get(modality)
+        if modality not in self._held and previous is not None and previous[0] != proven:
+            del self._forgotten[modality]
+            self._provisional.pop(modality, None)
+            log.warning(
+                "%s embeddings now have hidden size %d (outputs of a step merged into input_embeds of that size);"
+                " the layout learned before (hidden size %d, dtype %s), held by no entry, was never declared and"
+                " is forgotten", modality, proven, previous[0], previous[1],
+            )
+            return
+        change = self._provisional.get(modality)
+        if change is not None and change[1][0] == proven != change[0][0] and change[1][1] == change[0][1]:
+            del self._provisional[modality]
+            log.info("%s embeddings: hidden size %d confirmed by a step merged into input_embeds of that size",
+                     modality, proven)
 
     def _undo_change(self, modality: str) -> None:
         """Evict the entries of an unconfirmed layout change of ``modality``; the layout it

@@ -234,3 +234,47 @@ def test_an_output_of_a_third_layout_is_refused_while_a_change_is_unconfirmed(ba
     with pytest.raises(CacheLayoutError, match=r"item hash 3: .*hidden size 15"):
         embed_chunk([_image(3, 2)], CountingEncoder(hidden=BAD), cache=cache)
     assert 3 not in cache and cache.layout_changing("IMAGE")
+
+
+@pytest.mark.parametrize("hit_is_the_bad_entry", [False, True], ids=["bad-entry-held", "bad-entry-hit"])
+def test_a_merge_proof_holds_whether_or_not_the_bad_entry_was_its_own_hit(backend, caplog, hit_is_the_bad_entry):
+    """A bad warm-up learns hidden 15; a step merged into input_embeds of 16 proves 16. When
+    the bad entry is that step's own hit, the step evicts it first, so its inserts meet an
+    empty modality: the proof still decides (no change left to confirm), and a later faulty
+    packed output is refused instead of undoing it."""
+    rng = random.Random(7)
+    cache = EmbeddingCache(1 << 20)
+    embed_chunk([_image(1, 2)], CountingEncoder(hidden=BAD), cache=cache)
+    merged = [_request([1 if hit_is_the_bad_entry else 2], rng)]
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        assert torch.equal(_merged(merged, CountingEncoder(hidden=GOOD), cache), naive_reference(merged, GOOD))
+    assert "IMAGE embeddings now have hidden size 16" in caplog.text
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32) and not cache.layout_changing("IMAGE")
+    good = _good_steps(rng, 100)
+    assert torch.equal(embed_chunk(good[0], CountingEncoder(hidden=GOOD), cache=cache).embedding,
+                       naive_reference(good[0], GOOD))
+    with pytest.raises(EncoderOutputError, match=r"hidden size 15, expected 16"):
+        embed_chunk([_image(60, 2)], CountingEncoder(hidden=BAD), cache=cache)
+    for reqs in good[1:]:
+        assert torch.equal(embed_chunk(reqs, CountingEncoder(hidden=GOOD), cache=cache).embedding,
+                           naive_reference(reqs, GOOD))
+    assert 60 not in cache and cache.layout_of("IMAGE") == (GOOD, torch.float32)
+
+
+def test_a_merge_proof_confirms_an_unconfirmed_change_to_its_hidden_size(backend, caplog):
+    """Hidden 15 learned and forgotten, then a packed step of 16 makes an unconfirmed change;
+    a step merged into input_embeds of 16 proves it, so the faulty outputs of 15 that would
+    have undone an unproven change are refused from then on."""
+    cache = EmbeddingCache(1 << 20)
+    embed_chunk([_image(1, 2)], CountingEncoder(hidden=BAD), cache=cache)
+    cache.discard(1)
+    embed_chunk([_image(2, 2)], CountingEncoder(hidden=GOOD), cache=cache)
+    assert cache.layout_changing("IMAGE")
+    merged = [_image(3, 2)]
+    with caplog.at_level(logging.INFO, logger="mm_schedule.cache"):
+        assert torch.equal(_merged(merged, CountingEncoder(hidden=GOOD), cache), naive_reference(merged, GOOD))
+    assert "hidden size 16 confirmed by a step merged into input_embeds" in caplog.text
+    assert not cache.layout_changing("IMAGE")
+    with pytest.raises(EncoderOutputError, match=r"hidden size 15, expected 16"):
+        embed_chunk([_image(4, 2)], CountingEncoder(hidden=BAD), cache=cache)
+    assert 2 in cache and 3 in cache and 4 not in cache
