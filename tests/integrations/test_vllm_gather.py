@@ -295,7 +295,7 @@ def test_the_integrations_errors_are_importable_from_it():
     from mm_schedule import errors
 
     for name in ("EncoderCacheMiss", "UnsupportedVLLMRelease", "EmbeddingLengthMismatch", "InvalidItemError",
-                 "KernelInputError", "MMScheduleError"):
+                 "KernelInputError", "MMScheduleError", "SegmentError"):
         cls = getattr(vllm, name)
         assert issubclass(cls, errors.MMScheduleError) and name in vllm.__all__
     assert vllm.EmbeddingLengthMismatch is errors.EmbeddingLengthMismatch

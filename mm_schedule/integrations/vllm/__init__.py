@@ -42,6 +42,7 @@ _EXPORTS = {
     "InvalidItemError": "errors",
     "KernelInputError": "errors",
     "MMScheduleError": "errors",
+    "SegmentError": "errors",
 }
 
 __all__ = sorted(_EXPORTS)

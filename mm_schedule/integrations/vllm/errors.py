@@ -3,11 +3,17 @@ builtin that vLLM itself raises in the same situation, so existing handlers keep
 
 from __future__ import annotations
 
-from ...errors import EmbeddingLengthMismatch, InvalidItemError, KernelInputError, MMScheduleError
+from ...errors import (
+    EmbeddingLengthMismatch,
+    InvalidItemError,
+    KernelInputError,
+    MMScheduleError,
+    SegmentError,
+)
 
 # The project's errors this integration raises too, importable with its own.
 __all__ = ["EmbeddingLengthMismatch", "EncoderCacheMiss", "InvalidItemError", "KernelInputError", "MMScheduleError",
-           "UnsupportedVLLMRelease"]
+           "SegmentError", "UnsupportedVLLMRelease"]
 
 
 class EncoderCacheMiss(MMScheduleError, RuntimeError):

@@ -22,12 +22,19 @@ the shift reaches may be missing from the store, as in vLLM.
 
 Every input is checked while planning, where vLLM's own behaviour is undefined too: a
 request's ranges sorted by offset (the whole list whenever the window reads part of it,
-since the window is found by bisection), ``is_embed`` a bool mask of the range's length,
-token rows inside the step; and every encoder output once, against the rows its item must
-have (``EmbeddingLengthMismatch`` names the request and the ``mm_hash``). A needed output
-missing from the store raises ``EncoderCacheMiss``; a window holding only text positions
-of a range needs none. Ranges may overlap (audio inside video), as vLLM allows: the
-gather ORs their masks and the fused merge refuses them.
+since the window is found by a search that needs that order), ``is_embed`` a bool mask of
+the range's length, scheduled counts >= 0 and token rows inside the step; and every
+encoder output once, against the rows its item must have (``EmbeddingLengthMismatch``
+names the request and the ``mm_hash``). A needed output missing from the store raises
+``EncoderCacheMiss``; a window holding only text positions of a range needs none. The
+planned segments are checked against their encoder outputs and the step's token rows
+before anything is copied (``SegmentError``).
+
+Ranges may overlap or nest (audio inside video), as vLLM allows: every range with a
+position in the window gives the rows of its positions there, however the ranges nest
+(vLLM's own search assumes ranges that do not overlap and can miss an enclosing one on a
+window that cuts it), the gather ORs their masks, and the fused merge refuses a step where
+two overlapping ranges both reach a request's window.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from ._engine import (
     one_dtype,
     plain_rows,
 )
-from .errors import EncoderCacheMiss
+from .errors import EncoderCacheMiss, SegmentError
 from .releases import installed_release_checked
 
 
@@ -64,32 +71,19 @@ def _offset(feature) -> int:
     return feature.mm_position.offset
 
 
-def _end(feature) -> int:
-    position = feature.mm_position
-    return position.offset + position.length
-
-
 class _EmbedRuns:
     """An ``is_embed`` mask as runs of true positions: ``starts``, ``ends`` (relative to
-    the range) and ``before`` (embedding rows of the runs before each); ``length`` and
-    ``version`` (the tensor's in-place version counter and storage address) say which
-    mask they were read from."""
+    the range) and ``before`` (embedding rows of the runs before each), read from
+    ``mask``, a private copy of the values they were read from."""
 
-    __slots__ = ("before", "counts", "ends", "length", "rows", "starts", "version")
+    __slots__ = ("before", "counts", "ends", "mask", "rows", "starts")
 
-    def __init__(self, is_embed, length: int, what: str) -> None:
-        if not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length:
-            shape = tuple(is_embed.shape) if isinstance(is_embed, torch.Tensor) else type(is_embed).__name__
-            raise InvalidItemError(f"{what}: is_embed must be a 1-D mask of the range's length {length}, got {shape}")
-        if is_embed.dtype != torch.bool:
-            # vLLM indexes with it; an integer or float tensor would be read as something else.
-            raise InvalidItemError(f"{what}: is_embed must be a bool mask, got dtype {is_embed.dtype}")
-        # An inference tensor keeps no version counter: its runs are read again every step.
-        # The storage address catches a ``.data`` swap, which leaves the counter alone.
-        self.length = length
-        self.version = None if is_embed.is_inference() else (is_embed._version, is_embed.data_ptr())
-        mask = is_embed.detach().to("cpu", torch.int8)
-        edges = torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))
+    def __init__(self, is_embed) -> None:
+        # A copy, not the caller's tensor: whatever happens to theirs, this one still
+        # holds exactly the values the runs below describe.
+        self.mask = is_embed.detach().to("cpu", copy=True)
+        flat = self.mask.to(torch.int8)
+        edges = torch.diff(flat, prepend=flat.new_zeros(1), append=flat.new_zeros(1))
         self.starts = edges.eq(1).nonzero().flatten().tolist()
         self.ends = edges.eq(-1).nonzero().flatten().tolist()
         self.counts = list(map(int.__sub__, self.ends, self.starts))
@@ -97,32 +91,49 @@ class _EmbedRuns:
         self.rows = self.before.pop()
 
 
-# Runs of the masks seen so far, by the mask tensor (a request's features live for all of
-# its steps); an entry whose tensor is gone is dropped when the table is pruned. An entry
-# is used only for the same tensor, unchanged since (its version counter and storage) and
-# under a range of the same length: anything else is read and checked again.
+# Runs of the masks seen so far, by the mask tensor's id (a request's features live for
+# all of its steps), so that a step does not recompute them: the runs cost tens of
+# microseconds a mask, comparing a mask with the copy they were read from about one. The
+# id is only where to look. Every check is made again on every call, and the runs are
+# used only if the mask's values equal that copy now, since a mask can change without a
+# trace on the tensor (a write through ``.numpy()``, a ``.data`` swap). An entry whose
+# tensor is gone is dropped when the table is pruned.
 _RUNS: dict[int, tuple[Any, _EmbedRuns]] = {}
 _RUNS_LIMIT = 1 << 14
 
 
 def _runs_of(position, request: str, key: str) -> _EmbedRuns:
-    is_embed = position.is_embed
-    entry = _RUNS.get(id(is_embed))
-    if entry is not None and entry[0]() is is_embed:
-        runs = entry[1]
-        if runs.length == position.length and runs.version == (is_embed._version, is_embed.data_ptr()):
-            return runs
-    runs = _EmbedRuns(is_embed, position.length, f"request {request!r}, mm_hash {key!r}")
-    if runs.version is None:
-        return runs
-    if len(_RUNS) >= _RUNS_LIMIT:
-        for key in [k for k, (ref, _) in _RUNS.items() if ref() is None] or list(_RUNS):
-            del _RUNS[key]
-    _RUNS[id(is_embed)] = (weakref.ref(is_embed), runs)
+    is_embed, length = position.is_embed, position.length
+    if (not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length
+            or is_embed.dtype != torch.bool):
+        raise _bad_mask(is_embed, length, request, key)
+    # Only plain CPU tensors are looked up: a subclass may answer torch.equal its own way,
+    # and a device tensor would need a copy to compare anyway.
+    cached = type(is_embed) is torch.Tensor and is_embed.is_cpu
+    if cached:
+        entry = _RUNS.get(id(is_embed))
+        if entry is not None and entry[0]() is is_embed and torch.equal(is_embed, entry[1].mask):
+            return entry[1]
+    runs = _EmbedRuns(is_embed)
+    if cached:
+        if len(_RUNS) >= _RUNS_LIMIT:
+            for stale in [k for k, (ref, _) in _RUNS.items() if ref() is None] or list(_RUNS):
+                del _RUNS[stale]
+        _RUNS[id(is_embed)] = (weakref.ref(is_embed), runs)
     return runs
 
 
+def _bad_mask(is_embed, length: int, request: str, key: str) -> InvalidItemError:
+    what = f"request {request!r}, mm_hash {key!r}"
+    if not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length:
+        shape = tuple(is_embed.shape) if isinstance(is_embed, torch.Tensor) else type(is_embed).__name__
+        return InvalidItemError(f"{what}: is_embed must be a 1-D mask of the range's length {length}, got {shape}")
+    # vLLM indexes with it; an integer or float tensor would be read as something else.
+    return InvalidItemError(f"{what}: is_embed must be a bool mask, got dtype {is_embed.dtype}")
+
+
 _SLICES_UP_TO = 16  # runs written one slice each; more at once, vectorised
+_VECTOR_CHECK_FROM = 4 * 256  # entries of the segment list checked with numpy from here on
 
 
 def _index(values: list[int]):
@@ -316,6 +327,12 @@ def plan_rows(
         raise InvalidItemError(f"mm_features has {len(mm_features)} entries for {n} requests")
     computed = _ints(num_computed_tokens, n, "num_computed_tokens")
     scheduled = _ints(num_scheduled_tokens, n, "num_scheduled_tokens")
+    if scheduled and min(scheduled) < 0:
+        # Refused before the token rows are laid out: a negative count would move every
+        # later request's rows back onto the rows of the ones before it.
+        k = next(k for k, c in enumerate(scheduled) if c < 0)
+        raise InvalidItemError(f"request {req_ids[k]!r}: num_scheduled_tokens is {scheduled[k]}; a request"
+                               " schedules zero tokens or more")
     if query_start_loc is None:
         starts = list(accumulate(scheduled, initial=0))
         n_tokens = starts.pop()
@@ -323,7 +340,7 @@ def plan_rows(
         starts = _ints(query_start_loc, n, "query_start_loc")
         n_tokens = 0
         for i, (start, count) in enumerate(zip(starts, scheduled)):
-            if start < n_tokens or count < 0:
+            if start < n_tokens:
                 raise InvalidItemError(
                     f"request {req_ids[i]!r}: token rows [{start}, {start + count}) overlap the previous request's")
             n_tokens = start + count
@@ -344,25 +361,36 @@ def plan_rows(
         features = mm_features[i]
         if not features:
             continue
-        # The window's features (vLLM's bisection; a window over the whole prompt needs none).
-        lo = 0 if first <= features[0].mm_position.offset else bisect_left(features, first + 1, key=_end)
+        # The window's features. A window from at or before the first range to past the last
+        # one reads every range and needs no search; otherwise the whole list is checked and
+        # searched (see _window_start).
         hi = len(features) if features[-1].mm_position.offset < last else bisect_left(features, last, key=_offset)
-        part = lo or hi < len(features)
-        if part:
-            _check_ranges(req_ids[i], features)  # the loop below sees only the window's part
+        part = first > features[0].mm_position.offset or hi < len(features)
+        lo = _window_start(req_ids[i], features, first) if part else 0
         base = starts[i] - first  # token row of prompt position 0 of this request
-        previous_offset = previous_end = -1
+        previous = reaching = None
+        previous_end = -1
         for feature in features[lo:hi] if part else features:
             position = feature.mm_position
             offset, length = position.offset, position.length
             key = feature.identifier
-            if offset < previous_end or offset < 0 or length <= 0:
-                _check_order(step, req_ids[i], features, feature, previous_offset)
-            previous_offset = offset
-            if offset + length > previous_end:
-                previous_end = offset + length
+            if offset < 0 or length <= 0:
+                raise _bad_range(req_ids[i], feature)
             a = first - offset if first > offset else 0
             b = last - offset if last - offset < length else length
+            if b <= a:
+                # No position of the range in the window: a range nested in an earlier one
+                # and ending before the window starts (offsets are sorted, ends need not be).
+                # Without the search, only a range past the window gets here, out of order:
+                # the check of the whole list names it.
+                if not part:
+                    _window_start(req_ids[i], features, first)
+                continue
+            if offset < previous_end:
+                _check_order(step, req_ids[i], feature, previous, reaching)
+            previous = feature
+            if offset + length > previous_end:
+                previous_end, reaching = offset + length, feature
             is_embed = position.is_embed
             if is_embed is None:
                 rows_needed = length
@@ -404,6 +432,7 @@ def plan_rows(
                 fused((source, runs.before[r] + s - runs.starts[r], e - s, row + s))
     step.n_rows = sum(step.fused[2::4])
     step.keys = list(source_of)
+    _check_segments(step, expected)
     users = [req_ids[u] for u in users]
     _check_outputs(step, expected, users)
     return step
@@ -427,33 +456,38 @@ def _coalesced(src: list[int], src_row: list[int], counts: list[int]):
     return out_s, out_r, out_n
 
 
-def _check_order(step: StepRows, request: str, features, feature, previous_offset: int) -> None:
-    """The slow path of the loop's one comparison: a malformed range raises, an item that
-    starts inside the previous one is recorded as an overlap (vLLM ORs their masks)."""
-    position = feature.mm_position
-    if position.offset < 0 or position.length <= 0:
-        raise _bad_range(request, feature)
-    previous = features[[id(f) for f in features].index(id(feature)) - 1]
-    if position.offset < previous_offset:
+def _check_order(step: StepRows, request: str, feature, previous, reaching) -> None:
+    """The slow path of the loop's one comparison: a range that starts before the previous
+    one raises, one that starts inside an earlier one (``reaching``, the one that reaches
+    furthest) is recorded as an overlap (vLLM ORs their masks)."""
+    if feature.mm_position.offset < previous.mm_position.offset:
         raise _unsorted(request, previous, feature)
-    step.overlap = step.overlap or (request, previous.identifier, feature.identifier)
+    step.overlap = step.overlap or (request, reaching.identifier, feature.identifier)
 
 
 _offset_of, _length_of = attrgetter("mm_position.offset"), attrgetter("mm_position.length")
 
 
-def _check_ranges(request: str, features) -> None:
-    """All of a request's ranges, for a step whose window reads only some of them: sorted
-    by offset, offsets >= 0, lengths >= 1. vLLM bisects the list for the window, which
-    assumes that order; on another one the window's items would be the wrong ones."""
+def _window_start(request: str, features, first: int) -> int:
+    """The index of the first feature that may hold a position at or past ``first``, for a
+    window that reads only part of the list, after checking the whole list: sorted by
+    offset, offsets >= 0, lengths >= 1. The search needs that order; checking only the
+    window's part would let an unsorted list pick the wrong items.
+
+    Ranges may nest (audio inside video), so their ends are not sorted and bisecting them
+    would skip an enclosing range: the running maximum of the ends is sorted whatever the
+    nesting, and no feature before the first one whose running maximum passes ``first``
+    reaches the window. Features after it that end before the window are skipped by the
+    caller."""
     offsets = list(map(_offset_of, features))
-    if offsets[0] >= 0 and min(map(_length_of, features)) > 0 and all(map(le, offsets, islice(offsets, 1, None))):
-        return
-    for k, feature in enumerate(features):
-        if feature.mm_position.offset < 0 or feature.mm_position.length <= 0:
-            raise _bad_range(request, feature)
-        if k and offsets[k] < offsets[k - 1]:
-            raise _unsorted(request, features[k - 1], feature)
+    lengths = list(map(_length_of, features))
+    if not (offsets[0] >= 0 and min(lengths) > 0 and all(map(le, offsets, islice(offsets, 1, None)))):
+        for k, feature in enumerate(features):
+            if feature.mm_position.offset < 0 or feature.mm_position.length <= 0:
+                raise _bad_range(request, feature)
+            if k and offsets[k] < offsets[k - 1]:
+                raise _unsorted(request, features[k - 1], feature)
+    return bisect_right(list(accumulate(map(add, offsets, lengths), max)), first)
 
 
 def _bad_range(request: str, feature) -> InvalidItemError:
@@ -466,6 +500,38 @@ def _unsorted(request: str, previous, feature) -> InvalidItemError:
     return InvalidItemError(f"request {request!r}: mm_features are not sorted by offset ({previous.identifier!r} at"
                             f" {previous.mm_position.offset} before {feature.identifier!r} at"
                             f" {feature.mm_position.offset})")
+
+
+def _check_segments(step: StepRows, expected: list[int]) -> None:
+    """Every planned segment, before anything is written: a positive row count, its
+    source rows inside its encoder output's expected rows, its token rows inside the
+    step's. The planner never makes another; a segment that broke this would make the
+    copy write past ``n_rows`` or into another request's rows, so it is refused here
+    rather than trusted."""
+    fused = step.fused
+    if not fused:
+        return
+    if np is not None and len(fused) > _VECTOR_CHECK_FROM:
+        # One conversion and a few array passes: about half the cost of the passes below
+        # on the thousands of segments of a step with is_embed masks.
+        seg = np.frombuffer(array("q", fused), dtype=np.int64).reshape(-1, 4)
+        s, r, n, t = seg.T
+        if (n.min() > 0 and r.min() >= 0 and t.min() >= 0 and (t + n).max() <= step.n_tokens
+                and ((r + n) <= np.asarray(expected, dtype=np.int64)[s]).all()):
+            return
+    else:
+        src, src_row, counts, rows = fused[0::4], fused[1::4], fused[2::4], fused[3::4]
+        if (min(counts) > 0 and min(src_row) >= 0 and min(rows) >= 0
+                and max(map(add, rows, counts)) <= step.n_tokens
+                and all(map(le, map(add, src_row, counts), map(expected.__getitem__, src)))):
+            return
+    src, src_row, counts, rows = fused[0::4], fused[1::4], fused[2::4], fused[3::4]
+    for k, (s, r, n, t) in enumerate(zip(src, src_row, counts, rows)):
+        if n <= 0 or r < 0 or t < 0 or t + n > step.n_tokens or r + n > expected[s]:
+            raise SegmentError(
+                f"mm_hash {step.keys[s]!r}: planned segment {k} (encoder rows [{r}, {r + n}) of"
+                f" {expected[s]}, token rows [{t}, {t + n}) of {step.n_tokens}) is invalid; this is a bug in"
+                " the planner, and nothing was written")
 
 
 def _check_outputs(step: StepRows, expected: list[int], users: list[str]) -> None:
