@@ -38,9 +38,17 @@ merged into) passes ``replace_learned=True``: held entries of a learned layout o
 another hidden size can never serve it, so they are evicted and the layout replaced.
 
 An encoder that writes every call into one reused buffer would overwrite the entry
-cached by reference from its previous call. ``insert_many`` notices a tensor whose
-storage an entry already holds, copies it, evicts the overwritten entry, says so once in
-the log, and from then on copies every tensor of that storage.
+cached by reference from its previous call. ``insert_many`` (and ``insert``/``set``)
+notices a tensor whose storage an entry already holds, copies it, evicts the overwritten
+entry, says so once in the log, and from then on copies every tensor of that storage.
+
+A value given to ``set`` as an object with ``.embedding`` (SGLang's ``EmbeddingResult``,
+an EVS result) is kept rebuilt around the entry's own tensor, never as given: the
+caller's object would keep its tensor alive (a view pins its whole batch uncharged, a
+graph stays attached, a reused buffer is served after being overwritten). ``get_single``
+serves that rebuilt value, whose storage is exactly what the entry is charged for.
+``ForModality(value, modality)`` is how a value set without ``insert_many`` is held to
+its modality's layout.
 """
 
 from __future__ import annotations
@@ -51,19 +59,22 @@ import threading
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from copy import copy as _shallow_copy
+from dataclasses import dataclass, is_dataclass, replace
 from itertools import repeat
 from operator import itemgetter, methodcaller
 from typing import Any
 
 from .errors import CacheConfigError, CacheLayoutError, CacheStateError
+from .items import modality_name
 from .keys import combine_hashes
 
 log = logging.getLogger(__name__)
 
-# An entry: (2-D tensor, rows, charged bytes, the value as given to the SGLang-style ``set``,
-# layout, modality). A layout is (hidden size, dtype, device): what assembly needs to agree
-# on; the modality (or None, for entries set without one) keys the per-modality layouts.
+# An entry: (2-D tensor, rows, charged bytes, the value given to the SGLang-style ``set``
+# rebuilt around the entry's tensor (``_kept_value``), layout, modality). A layout is
+# (hidden size, dtype, device): what assembly needs to agree on; the modality (or None, for
+# entries set without one) keys the per-modality layouts.
 _TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY = 0, 1, 2, 3, 4, 5
 _REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered (most recent)
 # Inserts (steps) that must bring a changed learned layout before its entries are served: one
@@ -111,8 +122,45 @@ class EmbeddingResult:
     embedding: Any
 
 
+@dataclass(frozen=True)
+class ForModality:
+    """A value for ``set`` / ``insert`` with the modality it embeds. SGLang's ``set`` has
+    no modality argument; wrapped this way, a value is held to its modality's layout and
+    counted in it, as ``insert_many(modalities=...)`` does."""
+
+    value: Any
+    modality: Any
+
+
 def _unwrap(value: Any) -> Any:
     return value if hasattr(value, "shape") else getattr(value, "embedding", value)
+
+
+def _kept_value(key: int, value: Any, tensor: Any) -> Any:
+    """``value`` with ``.embedding`` replaced by the entry's own tensor (shaped as given).
+    Keeping the caller's object would keep its tensor alive: a view pins the whole output
+    it came from (uncharged), a tensor with a graph keeps the graph, and a reused encoder
+    buffer would be served after the encoder overwrote it."""
+    given = value.embedding
+    if given is tensor:
+        return value
+    embedding = tensor
+    if tuple(given.shape) != tuple(tensor.shape):
+        try:
+            embedding = tensor.view(given.shape)
+        except RuntimeError:  # a shared view that cannot take the shape back: served 2-D
+            embedding = tensor
+    try:
+        if is_dataclass(value):
+            return replace(value, embedding=embedding)
+        kept = _shallow_copy(value)
+        kept.embedding = embedding
+        return kept
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CacheStateError(
+            f"key {key}: the cache keeps its own copy of an entry's embedding, and cannot build a"
+            f" {type(value).__name__} around it ({exc}); set the tensor, or an EmbeddingResult"
+        ) from None
 
 
 def owns_storage(tensor: Any) -> bool:
@@ -216,6 +264,7 @@ class EmbeddingCache:
         # that did): a change of learned layout not yet confirmed (see _count_held)
         self._provisional: dict[str, tuple] = {}
         self._inserts = 0  # inserts so far, each a batch (which insert brought a layout)
+        self._grouped = 0  # depth of one_insert blocks (entered under the lock, by its holder)
         self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
         self._reused: OrderedDict[tuple, None] = OrderedDict()
         self._warned_reuse = False
@@ -330,7 +379,8 @@ class EmbeddingCache:
             prepared, storages = [(key, _entry(tensor, None, modality, share=share))
                                   for (key, tensor), modality in zip(pairs, mods)], None
         with self._lock:
-            self._inserts += 1
+            if not self._grouped:
+                self._inserts += 1
             if modalities is not None:
                 self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
                                     replace_learned)
@@ -582,20 +632,55 @@ class EmbeddingCache:
             self._hits += 1
             return entry[_TENSOR]
 
-    def insert(self, key: int, value: Any) -> bool:
-        """Cache ``value`` (a tensor, or an object with ``.embedding``). Returns False when
-        it cannot fit without evicting pinned entries or exceeds the whole budget."""
+    def insert(self, key: int, value: Any, *, modality: Any = None) -> bool:
+        """Cache ``value`` (a tensor, an object with ``.embedding``, or either wrapped in
+        ``ForModality``). Returns False when it cannot fit without evicting pinned entries
+        or exceeds the whole budget. With a ``modality`` (here or from ``ForModality``) the
+        tensor must agree with that modality's layout (``CacheLayoutError``, nothing
+        inserted or evicted). An object with ``.embedding`` is kept rebuilt around the
+        entry's own tensor, which is what ``get_single`` serves. A tensor in the storage of
+        another entry is taken for an encoder reusing its buffer, as ``insert_many`` does."""
+        if isinstance(value, ForModality):
+            value, modality = value.value, (value.modality if modality is None else modality)
         tensor = _unwrap(value)
         if not hasattr(tensor, "untyped_storage"):
             raise CacheStateError(
                 f"key {key}: the cache stores tensors (or objects with a tensor .embedding), got {type(value).__name__}"
             )
-        entry = _entry(tensor, None if hasattr(value, "shape") else value, share=self.share_storage)
+        if modality is not None:
+            modality = modality_name(modality)
+        entry = _entry(tensor, None, modality, share=self.share_storage)
+        # Rebuilt before the lock: a value that cannot be rebuilt is refused before
+        # anything changes.
+        kept = None if hasattr(value, "shape") else _kept_value(key, value, entry[_TENSOR])
         with self._lock:
-            storage = None if self.share_storage else storage_id(entry[_TENSOR])
-            if storage is not None and self._by_storage.get(storage, key) != key:
-                entry = (entry[_TENSOR].clone(), *entry[1:])  # another entry's storage: never share it
+            if not self._grouped:
+                self._inserts += 1
+            if modality is not None:
+                self._check_layouts([(key, entry)], replace_learned=False)
+            if not self.share_storage and (self._by_storage or self._reused):
+                [(_, unshared)] = self._unshare([(key, entry)])
+                if kept is not None and unshared[_TENSOR] is not entry[_TENSOR]:
+                    kept = _kept_value(key, kept, unshared[_TENSOR])  # around the copy
+                entry = unshared
+            if kept is not None:
+                entry = (*entry[:_VALUE], kept, *entry[_VALUE + 1:])
             return self._insert(key, entry, ())
+
+    @contextmanager
+    def one_insert(self) -> Iterator[None]:
+        """``insert``/``set`` calls inside the block count as one insert, the way a step's
+        ``insert_many`` does: a changed layout is confirmed by inserts of several steps, and
+        a step that caches its outputs one call at a time (EVS videos) must not confirm its
+        own change. The cache's lock is held throughout."""
+        with self._lock:
+            if not self._grouped:
+                self._inserts += 1
+            self._grouped += 1
+            try:
+                yield
+            finally:
+                self._grouped -= 1
 
     def contains(self, key: int) -> bool:
         with self._lock:

@@ -89,7 +89,9 @@ def batch_items(plan: StepPlan, batch: Sequence[int]) -> list[Any]:
 def encode_misses(plan: StepPlan, encoders: Encoders, *, device: Any = None,
                   move_features: bool = False) -> list[tuple[Encoder, Any]]:
     """Call the encoder once per encoder batch of ``plan``; returns ``(encoder, raw output)``
-    per batch, in batch order. Nothing is checked or cached here."""
+    per batch, in batch order. Nothing is checked or cached here, but a step of several
+    calls makes sure no call's output overwrote an earlier one's (see ``_CallOutputs``)."""
+    calls = _CallOutputs() if len(plan.encoder_batches) > 1 else None
     outputs = []
     for modality, batch in plan.encoder_batches:
         encoder = resolve_encoder(encoders, modality, plan.requests[batch[0]], move_features=move_features)
@@ -97,4 +99,69 @@ def encode_misses(plan: StepPlan, encoders: Encoders, *, device: Any = None,
         if encoder.move_features and device is not None:
             move_features_to(items, device)
         outputs.append((encoder, encoder(items)))
+        if calls is not None:
+            calls.settle(outputs, items)
     return outputs
+
+
+class _CallOutputs:
+    """Where the outputs of a step's encoder calls live, so that an encoder writing every
+    call into one reused buffer cannot overwrite the rows of its earlier calls before they
+    are checked and cached (the rows would come back as the last call's, silently). Once a
+    call's output lands in the memory of an earlier one, the outputs still intact are
+    copied, the overwritten calls are run again (each copied at once) and every later call
+    is copied as it returns. A step of one call needs none of this: the cache notices a
+    reused buffer across steps."""
+
+    def __init__(self) -> None:
+        self.owner: dict[tuple, int] = {}  # storage -> the call whose output is in it
+        self.items: list[list] = []
+        self.copying = False
+
+    def settle(self, outputs: list[tuple[Encoder, Any]], items: list) -> None:
+        call = len(outputs) - 1
+        self.items.append(items)
+        encoder, output = outputs[call]
+        if self.copying:
+            outputs[call] = (encoder, _copied(output))
+            return
+        storages = _storages(output)
+        overwritten = {self.owner[s] for s in storages if s in self.owner}
+        if not overwritten:
+            self.owner.update(dict.fromkeys(storages, call))
+            return
+        self.copying = True
+        outputs[call] = (encoder, _copied(output))
+        for earlier in range(call):
+            if earlier not in overwritten:
+                outputs[earlier] = (outputs[earlier][0], _copied(outputs[earlier][1]))
+        for earlier in sorted(overwritten):
+            again = outputs[earlier][0]
+            outputs[earlier] = (again, _copied(again(self.items[earlier])))
+
+
+def _tensors_of(output: Any) -> list[Any]:
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, (list, tuple)):
+        return [t for t in output if isinstance(t, torch.Tensor)]
+    embedding = getattr(output, "embedding", None)
+    return [embedding] if isinstance(embedding, torch.Tensor) else []
+
+
+def _storages(output: Any) -> set:
+    """The memory an encoder output's tensors live in (none for tensors without data)."""
+    return {(t.device, t.untyped_storage().data_ptr()) for t in _tensors_of(output) if not t.is_meta}
+
+
+def _copied(output: Any) -> Any:
+    """``output`` with its tensors copied into memory of their own (what else it is, the
+    checks that follow say)."""
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    if isinstance(output, (list, tuple)):
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in output]
+    embedding = getattr(output, "embedding", None)
+    if isinstance(embedding, torch.Tensor) and getattr(output, "num_tokens_per_frame", None) is None:
+        return embedding.clone()
+    return output

@@ -21,7 +21,14 @@ encoder's output. This is SGLang 0.5.19's behaviour for ``get_embedding_and_mask
   (``combine_hashes`` of its item hashes) and a cache hit is redistributed the same way; a
   plain tensor from the encoder means nothing was pruned and nothing is rewritten.
 
-Beyond SGLang, which handles only a batch made of that one request: any number of
+Beyond SGLang, what the cache holds is guarded as for planned items: a video's rows must
+have the layout the cache holds or was declared to hold for its modality, and are cached
+with that modality (``ForModality``), so they are held to it under the cache's lock too.
+Each video's rows are copied before the encoder runs again (an encoder may reuse its output
+buffer), a hit that this call's encode overwrote is evicted (``CachedEmbeddingError``), and
+the rows returned are the caller's own memory, never a view of a cache entry.
+
+And beyond SGLang, which handles only a batch made of that one request: any number of
 requests (EVS or not) share a batch, provided ``input_ids`` is exactly the listed
 requests' extend tokens; a window that misses the video neither encodes nor rewrites
 anything (the rewrite leaves the prompt outside the video as it was); every inconsistency
@@ -39,10 +46,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .cache import EmbeddingCache, EmbeddingResult, owns_storage
+from .cache import EmbeddingCache, EmbeddingResult, ForModality, storage_id
 from .context import StepContext
 from .encode import Encoder, as_encoder, move_features_to
-from .errors import EmbeddingLengthMismatch, EncoderOutputError, InvalidItemError
+from .errors import (
+    CachedEmbeddingError,
+    CacheLayoutError,
+    EmbeddingLengthMismatch,
+    EncoderOutputError,
+    InvalidItemError,
+)
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
 from .keys import combine_hashes, item_key
 from .placeholders import checked_mask, count_mm_tokens_in_extend
@@ -130,6 +143,7 @@ class _PrunedVideo:
             )
         self.index, self.item, self.prefix, self.extend = index, items[0], prefix, extend
         self.hash = getattr(self.item, "hash", None)
+        self.modality = modality_name(getattr(self.item, "modality", "VIDEO"))
         self.spans = item_spans(self.item, request=index)
         check_spans(self.spans, request=index, what="EVS video")
         if offsets is not None and sorted((int(s), int(e)) for s, e in offsets) != self.spans:
@@ -198,6 +212,7 @@ class _PrunedVideo:
             value = value[0]
         where = f"request {self.index}, item hash {self.hash}"
         rows = check_tensor(value, expected, where, "the video embedding")
+        self.check_layout(rows, expected)
         want = self.placeholders if counts is None else sum(counts)
         if rows.shape[0] != want:
             raise EmbeddingLengthMismatch(
@@ -205,6 +220,22 @@ class _PrunedVideo:
                 what="video embedding rows" if counts is None else "pruned video rows (sum of num_tokens_per_frame)",
             )
         return rows
+
+    def check_layout(self, rows: Any, expected: Expected) -> None:
+        """The rows against the layout the cache holds (or was declared to hold) for the
+        video's modality: they are cached under it, and later chunks are served from there."""
+        known = expected.known.get(self.modality)
+        if known is None:
+            return
+        hidden, dtype = known
+        if (hidden is not None and rows.shape[-1] != hidden) or (dtype is not None and rows.dtype != dtype):
+            source = expected.sources.get(self.modality, "")
+            raise CacheLayoutError(
+                f"request {self.index}, item hash {self.hash}: the video embedding has hidden size {rows.shape[-1]}"
+                f" and dtype {rows.dtype}; {self.modality} embeddings must have hidden size {hidden} and dtype"
+                f" {dtype}{f' ({source})' if source else ''}. Nothing of this step was cached",
+                key=self.key, modality=self.modality, got=(rows.shape[-1], rows.dtype), expected=known,
+            )
 
     def check_placement(self, counts: list[int] | None) -> None:
         """Earlier chunks of this request placed rows by the frame counts they saw; a
@@ -289,13 +320,28 @@ def _encoded(video: _PrunedVideo, encoder: Encoder, expected: Expected) -> _Reso
     return _Resolved(video.rows_of(output, counts, expected), counts, False)
 
 
-def _cache_value(resolved: _Resolved) -> Any:
+def _cache_value(video: _PrunedVideo, resolved: _Resolved) -> ForModality:
+    """What the step caches for an encoded video: its rows as validated (the cache copies
+    a view of a larger output, and notices an encoder reusing its buffer, only when it is
+    given the tensor the encoder returned), with the modality whose layout they must have."""
     rows = resolved.rows.detach()
-    if not owns_storage(rows):
-        rows = rows.clone()  # an entry never pins the encoder's whole output buffer
     if resolved.counts is None:
-        return EmbeddingResult(embedding=rows)
-    return EVSEmbeddingResult(embedding=rows, num_tokens_per_frame=tuple(resolved.counts))
+        return ForModality(EmbeddingResult(embedding=rows), video.modality)
+    return ForModality(EVSEmbeddingResult(embedding=rows, num_tokens_per_frame=tuple(resolved.counts)),
+                       video.modality)
+
+
+def _learn_layouts(cache: EmbeddingCache, expected: Expected, modalities: set[str]) -> None:
+    """What the cache holds (or was declared to hold) for the videos' modalities, into
+    ``expected``, as a planned step learns it: a layout change not yet confirmed binds only
+    what was declared."""
+    known, sources = {}, {}
+    for modality in modalities:
+        layout = cache.layout_of(modality, declared_only=cache.layout_changing(modality))
+        if layout != (None, None):
+            known[modality], sources[modality] = layout, cache.layout_source(modality)
+    if known:
+        expected.learn_cache_layouts(known, [], sources)
 
 
 # -- the SGLang-compatible entry ----------------------------------------------------------
@@ -342,6 +388,9 @@ def get_embedding_and_mask(
 
     encoder = as_encoder(data_embedding_func, move_features=True)  # SGLang's move, as for the others
     expected = Expected(packed.shape[-1] if packed is not None else None, device, "this chunk's other requests' rows")
+    if cache is not None and pruned:
+        _learn_layouts(cache, expected,
+                       {modality_name(getattr(items[items_size[i]], "modality", "VIDEO")) for i in pruned})
     ranks = None
     if context.group is not None:
         from .ranks.videos import (
@@ -356,7 +405,11 @@ def get_embedding_and_mask(
         ids, rows, mask = step.place(chunks, input_ids, placeholder_tensor, extends, n_requests)
     finally:
         update_cache(cache, evict=expected.evict)
-    update_cache(cache, insert=step.to_insert())
+    inserts = step.to_insert()
+    try:
+        update_cache(cache, insert=inserts)
+    except CacheLayoutError as exc:  # another thread's step cached another layout meanwhile
+        raise step.named(exc) from None
     hit_items = step.hit_items()
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
@@ -379,6 +432,9 @@ class _VideoStep:
         # of the unit so that colliding hashes of different videos are never merged.
         self.units: dict[tuple[int, int], _PrunedVideo] = {}
         self.found: dict[tuple[int, int], _Resolved] = {}
+        # This step's latest encoder output, still in the memory the encoder returned: the
+        # encoder's next call may write into that same buffer, so it is copied first.
+        self.in_encoder_memory: _Resolved | None = None
 
     def _local(self, work: Callable[..., Any], video: _PrunedVideo | None, *args: Any) -> bool:
         """Run ``work``; with ranks, a failure is recorded for the next meeting point.
@@ -436,7 +492,32 @@ class _VideoStep:
                                      for u in units])
 
     def _encode(self, video: _PrunedVideo, i: int, into: dict[int, _Resolved]) -> None:
-        into[i] = _encoded(video, self.encoder, self.expected)
+        earlier = self.in_encoder_memory
+        if earlier is not None:
+            earlier.rows = earlier.rows.clone()
+        resolved = into[i] = _encoded(video, self.encoder, self.expected)
+        if self.encoder.copy_outputs:
+            resolved.rows = resolved.rows.clone()
+        else:
+            self.in_encoder_memory = resolved
+            self._check_hits_intact(video, resolved.rows)
+
+    def _check_hits_intact(self, video: _PrunedVideo, rows: Any) -> None:
+        """A hit of this step whose storage the encoder just wrote its output into lost
+        its rows (an encoder reusing its buffer, cached by reference): never served."""
+        storage = storage_id(rows)
+        if storage is None:
+            return
+        for unit, hit in self.found.items():
+            if hit.hit and storage_id(hit.rows) == storage:
+                self.expected.evict.append(unit[0])
+                owner = self.units[unit]
+                raise CachedEmbeddingError(
+                    f"request {owner.index}, item hash {owner.hash}: the encoder's output for request {video.index},"
+                    f" item hash {video.hash} was written into the storage of this cached embedding (the encoder"
+                    " reuses its output buffer), so the entry no longer holds its rows; it was evicted and will be"
+                    " encoded again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
+                )
 
     def _received(self, unit: tuple[int, int], rows: Any, counts: Any) -> Any:
         video = self.units[unit]
@@ -479,13 +560,49 @@ class _VideoStep:
     def _check_mask(self, chunks: dict[int, _Chunk], placeholder_tensor: Any, out: dict[str, Any]) -> None:
         import torch
 
-        pieces = [chunks[i].rows for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+        order = [i for i in sorted(chunks) if chunks[i].rows is not None and chunks[i].rows.shape[0]]
+        pieces = [chunks[i].rows for i in order]
         if pieces:
-            rows = out["rows"] = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+            if len(pieces) > 1:
+                rows = torch.cat(pieces)
+            elif order[0] in self.videos:
+                # A video's rows are a view of a cache entry or of the encoder's output: the
+                # caller gets its own memory, as from a planned step, which it may write in place.
+                rows = pieces[0].clone()
+            else:
+                rows = pieces[0]  # the planned requests' packed rows: the caller's already
+            out["rows"] = rows
             out["mask"] = checked_mask(out["ids"], placeholder_tensor, rows.shape[0])
 
     def to_insert(self) -> list[tuple[int, Any]]:
-        return [(key, _cache_value(found)) for (key, _), found in self.found.items() if not found.hit]
+        """The encoded videos to cache, refused together (``CacheLayoutError``) when they
+        disagree on a dtype: inserted one by one, the first would be cached and the rest
+        refused against it."""
+        out, first = [], {}
+        for unit, found in self.found.items():
+            if found.hit:
+                continue
+            video = self.units[unit]
+            layout = (found.rows.shape[-1], found.rows.dtype)
+            seen, seen_layout = first.setdefault(video.modality, (video, layout))
+            if seen_layout != layout:
+                raise CacheLayoutError(
+                    f"request {video.index}, item hash {video.hash}: the video embedding has hidden size {layout[0]}"
+                    f" and dtype {layout[1]}, request {seen.index}, item hash {seen.hash} of this step hidden size"
+                    f" {seen_layout[0]} and dtype {seen_layout[1]}; one {video.modality} layout is cached. Nothing"
+                    " of this step was cached",
+                    key=video.key, modality=video.modality, got=layout, expected=seen_layout,
+                )
+            out.append((unit[0], _cache_value(video, found)))
+        return out
+
+    def named(self, exc: CacheLayoutError) -> CacheLayoutError:
+        """The cache's refusal (which names a key) naming the request and item hash too."""
+        video = next((v for (key, _), v in self.units.items() if key == exc.key), None)
+        if video is None:
+            return exc
+        return CacheLayoutError(f"request {video.index}, item hash {video.hash}: {exc}", key=exc.key,
+                                modality=exc.modality, got=exc.got, expected=exc.expected)
 
     def hit_items(self) -> list[Any]:
         return [v.item for v in self.videos.values() if self.found[v.key, v.placeholders].hit]

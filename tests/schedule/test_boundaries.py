@@ -4,6 +4,7 @@ placeholder counts, placeholder id widths, acknowledgements, reused encoder buff
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import warnings
@@ -294,6 +295,43 @@ def test_an_encoder_reusing_its_output_buffer_never_leaves_a_wrong_entry(backend
             embed_chunk([RequestChunk(items=[image(90, 0, 3), image(91, 3, 3)], prefix=0, extend=6)],
                         encoder, cache=cache)
         assert cache.lookup(90) is None and cache.lookup(91) is None
+
+
+@STEP
+@pytest.mark.parametrize("buffers", [1, 2], ids=["one-buffer", "ring-of-two"])
+@pytest.mark.parametrize("fused", [False, True], ids=["packed", "fused"])
+def test_a_step_of_several_encoder_calls_keeps_every_calls_rows_from_a_reusing_encoder(backend, buffers, fused):
+    """A token budget cuts the step's misses into several encoder calls; an encoder that
+    writes every call into one buffer (or cycles through two) would leave every call's
+    rows as the last call's. The step copies what is still intact, runs the overwritten
+    calls again and copies every later call as it returns: exact rows, exact entries."""
+    ring = [torch.zeros(8, HIDDEN) for _ in range(buffers)]
+    calls = []
+
+    def reusing(items):
+        out = ring[len(calls) % buffers]
+        calls.append([it.hash for it in items])
+        row = 0
+        for it in items:
+            n = sum(e - s + 1 for s, e in it.offsets)
+            out[row : row + n] = truth(it.hash, n)
+            row += n
+        return out[:row]
+
+    rng = random.Random()
+    lengths = [rng.randint(1, 4) for _ in range(rng.randint(4, 7))]
+    reqs = [RequestChunk(items=[image(200 + k, 0, n)], prefix=0, extend=n) for k, n in enumerate(lengths)]
+    cache = EmbeddingCache(1 << 20)
+    context = StepContext(max_tokens_per_encoder_call=4)
+    if fused:
+        embeds = torch.full((sum(lengths), HIDDEN), float("nan"))
+        merge_chunk(embeds, reqs, reusing, cache=cache, context=context)
+        got = embeds
+    else:
+        got = embed_chunk(reqs, reusing, cache=cache, context=context).embedding
+    assert torch.equal(got, naive_reference(reqs))
+    for k, n in enumerate(lengths):
+        assert torch.equal(cache.lookup(200 + k), truth(200 + k, n)), k
 
 
 @STEP

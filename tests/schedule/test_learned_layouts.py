@@ -278,3 +278,22 @@ def test_a_merge_proof_confirms_an_unconfirmed_change_to_its_hidden_size(backend
     with pytest.raises(EncoderOutputError, match=r"hidden size 15, expected 16"):
         embed_chunk([_image(4, 2)], CountingEncoder(hidden=BAD), cache=cache)
     assert 2 in cache and 3 in cache and 4 not in cache
+
+
+def test_values_set_in_one_insert_block_confirm_a_change_once(backend):
+    """EVS videos are cached one ``set`` at a time, inside ``one_insert``: however many
+    videos one step brings, it is one insert, so a faulty step cannot confirm its own
+    layout change; a later step's insert counts again."""
+    from mm_schedule.cache import ForModality
+    from mm_schedule.scheduler import update_cache
+
+    cache = EmbeddingCache(1 << 20)
+    cache.set(1, ForModality(torch.randn(3, GOOD), "VIDEO"))
+    cache.free(1)
+    update_cache(cache, insert=[(k, ForModality(torch.randn(3, GOOD).double(), "VIDEO")) for k in (2, 3, 4, 5)])
+    assert cache.layout_changing("VIDEO")
+    with cache.one_insert(), cache.one_insert():  # nested blocks are still one insert
+        cache.set(6, ForModality(torch.randn(3, GOOD).double(), "VIDEO"))
+    assert cache.layout_changing("VIDEO")
+    cache.set(7, ForModality(torch.randn(3, GOOD).double(), "VIDEO"))
+    assert not cache.layout_changing("VIDEO") and cache.layout_of("VIDEO") == (GOOD, torch.float64)

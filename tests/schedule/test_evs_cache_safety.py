@@ -1,0 +1,234 @@
+"""EVS results and the cache: held to the modality's declared or learned layout like any
+encoder output, never served from an encoder's reused output buffer, and returned to the
+caller in memory of its own (an in-place write never reaches the cache). Rows are
+compared exactly with the naive reference of ``evs_inputs``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import mm_schedule
+from mm_schedule import Encoder, MMItem, StepContext
+from mm_schedule.errors import CachedEmbeddingError, CacheLayoutError, EncoderOutputError
+from mm_schedule.evs import PRE_CHUNKED_KEY, EVSEmbeddingResult
+
+from .evs_inputs import HIDDEN, EVSEncoder, Prompt, layout, naive_step
+from .helpers import truth
+
+
+@pytest.fixture(autouse=True)
+def quiet_context():
+    mm_schedule.set_step_context(StepContext(on_cache_hit=None))
+    yield
+    mm_schedule.set_step_context(StepContext())
+
+
+def _cache(**declared):
+    mm_schedule.init_mm_embedding_cache(64 << 20, **declared)
+    return mm_schedule.sglang_compat.embedding_cache
+
+
+def _step(encoder, prompts, windows):
+    """One call, checked exactly against the naive reference; returns the rows."""
+    rows, mask, ids = mm_schedule.get_embedding_and_mask(encoder, *layout(prompts, windows))
+    want_rows, want_mask, want_ids = naive_step(prompts, windows)
+    assert torch.equal(ids, want_ids)
+    assert (rows is None) == (want_rows is None)
+    if want_rows is not None:
+        assert rows.shape == want_rows.shape and rows.dtype == want_rows.dtype and torch.equal(rows, want_rows)
+        assert torch.equal(mask, want_mask)
+    return rows
+
+
+def _split(p: Prompt, rng: random.Random) -> list[tuple[int, int]]:
+    """Two windows over the prompt, cut inside the video."""
+    first, last = p.video.offsets[0][0], p.video.offsets[-1][1]
+    cut = rng.randint(first + 1, last) if last > first else first + 1
+    return [(0, cut), (cut, len(p.ids) - cut)]
+
+
+def _twin(p: Prompt, h: int) -> Prompt:
+    """Another video (hash ``h``, its own rows) with ``p``'s prompt and frame counts: the
+    same number of rows, so an encoder reusing one buffer writes both into it."""
+    q = Prompt.__new__(Prompt)
+    q.__dict__.update(p.__dict__)
+    q.video = MMItem(modality="VIDEO", hash=h, offsets=list(p.video.offsets), pad_value=p.pad,
+                     model_specific_data={PRE_CHUNKED_KEY: list(p.ids)})
+    q.rows = truth(h, p.rows.shape[0], HIDDEN)
+    return q
+
+
+def _entry_storages(cache) -> set:
+    return {e[0].untyped_storage().data_ptr() for e in cache._entries.values()}
+
+
+# -- layouts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["hidden", "dtype"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_declared_layout_refuses_an_evs_output_and_caches_nothing(bad, seed):
+    rng = random.Random(seed)
+    p = Prompt(rng, h=300 + seed, frames=rng.randint(2, 4))
+    cache = _cache(hidden_sizes=HIDDEN, dtypes=torch.float32)
+    wrong = p.rows[:, :-1].clone() if bad == "hidden" else p.rows.double()
+
+    def faulty(items):
+        return EVSEmbeddingResult(embedding=wrong.clone(), num_tokens_per_frame=list(p.kept))
+
+    first, rest = _split(p, rng)
+    error = EncoderOutputError if bad == "hidden" else CacheLayoutError
+    with pytest.raises(error, match=rf"request 0, item hash {p.video.hash}: the video embedding has"):
+        mm_schedule.get_embedding_and_mask(faulty, *layout([p], [first]))
+    assert len(cache) == 0 and cache.stats().bytes == 0
+    encoder = EVSEncoder([p])
+    _step(encoder, [p], [first])
+    _step(encoder, [p], [rest])  # served from the cache: the encoder's rows, not the faulty ones
+    assert encoder.calls == [[p.video.hash]]
+
+
+def test_evs_entries_teach_the_video_layout_and_are_held_to_it():
+    rng = random.Random(11)
+    a, b = Prompt(rng, h=311, frames=3), Prompt(rng, h=312, frames=2)
+    cache = _cache()
+    _step(EVSEncoder([a]), [a], [(0, len(a.ids))])
+    assert cache.layout_of("VIDEO") == (HIDDEN, torch.float32)
+    assert "learned from the 1 VIDEO entry" in cache.layout_source("VIDEO")
+
+    def float64(items):
+        return EVSEmbeddingResult(embedding=b.rows.double(), num_tokens_per_frame=list(b.kept))
+
+    with pytest.raises(CacheLayoutError, match=r"request 0, item hash 312: .*dtype torch\.float64.*learned from"):
+        mm_schedule.get_embedding_and_mask(float64, *layout([b], [(0, len(b.ids))]))
+    assert len(cache) == 1
+
+
+def test_two_videos_of_one_step_disagreeing_on_dtype_cache_nothing():
+    rng = random.Random(12)
+    a, b = Prompt(rng, h=321, frames=2), Prompt(rng, h=322, frames=3)
+    cache = _cache()
+
+    def encoder(items):
+        p = {321: a, 322: b}[items[0].hash]
+        rows = p.rows if p is a else p.rows.double()
+        return EVSEmbeddingResult(embedding=rows.clone(), num_tokens_per_frame=list(p.kept))
+
+    with pytest.raises(CacheLayoutError, match=r"request 1, item hash 322: .*request 0, item hash 321"):
+        mm_schedule.get_embedding_and_mask(encoder, *layout([a, b], [(0, len(a.ids)), (0, len(b.ids))]))
+    assert len(cache) == 0
+
+
+# -- an encoder reusing its output buffer -----------------------------------------------------
+
+
+class BufferEncoder:
+    """Writes every call's rows into one buffer and returns that buffer."""
+
+    def __init__(self, prompts):
+        self.by_hash = {p.video.hash: p for p in prompts}
+        self.buffer = torch.empty_like(prompts[0].rows)
+        self.calls = []
+
+    def __call__(self, items):
+        p = self.by_hash[items[0].hash]
+        self.calls.append(p.video.hash)
+        self.buffer.copy_(p.rows)
+        return EVSEmbeddingResult(embedding=self.buffer, num_tokens_per_frame=list(p.kept))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_reused_buffer_never_serves_another_videos_rows(seed):
+    rng = random.Random(seed)
+    a = Prompt(rng, h=400 + seed, frames=rng.randint(2, 4))
+    b = _twin(a, 500 + seed)
+    _cache()
+    encoder = BufferEncoder([a, b])
+    a_first, a_rest = _split(a, rng)
+    _step(encoder, [a], [a_first])
+    _step(encoder, [b], [a_first])  # video B lands in the buffer that held video A's entry
+    _step(encoder, [a], [a_rest])  # A's entry was overwritten: evicted and encoded again
+    _step(encoder, [b], [a_rest])
+    assert encoder.calls == [a.video.hash, b.video.hash, a.video.hash]
+
+
+def test_two_videos_encoded_into_one_buffer_in_one_step():
+    """Each video's rows are taken before the encoder runs again; the next step's encode
+    into the buffer evicts the one entry still in it, and every other is served."""
+    rng = random.Random(21)
+    a = Prompt(rng, h=410, frames=3)
+    b, c, d = _twin(a, 411), _twin(a, 412), _twin(a, 413)
+    _cache()
+    encoder = BufferEncoder([a, b, c, d])
+    whole = (0, len(a.ids))
+    _step(encoder, [a, b, c], [whole] * 3)
+    assert sorted(encoder.calls) == [410, 411, 412]
+    _step(encoder, [d], [whole])
+    for p in (a, b, c, d):
+        _step(encoder, [p], [whole])
+    assert sorted(encoder.calls[4:]) == [encoder.calls[2]]  # only the entry left in the buffer
+
+
+def test_a_hit_overwritten_by_this_steps_encode_is_evicted_never_served():
+    rng = random.Random(22)
+    a = Prompt(rng, h=420, frames=3)
+    b = _twin(a, 421)
+    cache = _cache()
+    encoder = BufferEncoder([a, b])
+    a_first, a_rest = _split(a, rng)
+    _step(encoder, [a], [a_first])  # A cached in the encoder's buffer, by reference
+    with pytest.raises(CachedEmbeddingError, match=r"request 0, item hash 420: the encoder's output for request 1,"
+                                                   r" item hash 421 was written into the storage"):
+        mm_schedule.get_embedding_and_mask(encoder, *layout([a, b], [a_rest, a_first]))
+    assert not cache.has(mm_schedule.combine_hashes([420]))
+    _step(encoder, [a, b], [a_rest, a_first])  # the step again: both encoded, each its own rows
+
+
+def test_copy_outputs_keeps_every_entry():
+    rng = random.Random(23)
+    a = Prompt(rng, h=430, frames=2)
+    b = _twin(a, 431)
+    cache = _cache()
+    buffered = BufferEncoder([a, b])
+    encoder = Encoder(buffered, copy_outputs=True)
+    a_first, a_rest = _split(a, rng)
+    _step(encoder, [a], [a_first])
+    _step(encoder, [b], [a_first])
+    _step(encoder, [a, b], [a_rest, a_rest])
+    assert buffered.calls == [430, 431] and len(cache) == 2
+    assert buffered.buffer.untyped_storage().data_ptr() not in _entry_storages(cache)
+
+
+# -- rows returned to the caller --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_returned_rows_are_the_callers_own_memory(seed):
+    """Hit or miss, whole prompt or chunk, alone or beside a plain video: scaling the
+    returned rows in place changes nothing the next request is served."""
+    rng = random.Random(seed)
+    p = Prompt(rng, h=600 + seed, frames=rng.randint(1, 4))
+    plain = Prompt(rng, h=700 + seed, frames=rng.randint(1, 3), evs=False)
+    cache = _cache()
+    encoder = EVSEncoder([p, plain])
+    outputs = []
+    original = encoder.__call__
+
+    def recording(items):
+        out = original(items)
+        outputs.append(out.embedding if hasattr(out, "embedding") else out[0])
+        return out
+
+    first, rest = _split(p, rng)
+    windows = [[(0, len(p.ids))], [first], [rest]]
+    for _ in range(2):
+        for window in windows:
+            for prompts, wins in [([p], window), ([p, plain], [window[0], (0, len(plain.ids))])]:
+                rows = _step(recording, prompts, wins)
+                held = _entry_storages(cache) | {t.untyped_storage().data_ptr() for t in outputs}
+                assert rows.untyped_storage().data_ptr() not in held
+                rows.mul_(0.5)
+                rows.fill_(float("nan"))
+    assert sum(1 for c in encoder.calls if c == [p.video.hash]) == 1
