@@ -136,13 +136,16 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
 def update_cache(cache: EmbeddingCache | None, *, evict: Sequence[int] = (),
                  insert: Sequence[tuple[int, Any]] = ()) -> None:
     """Cache changes decided outside a planned step (EVS videos, resolved one by one):
-    entries found unfit evicted, validated values (tensors or ``EmbeddingResult``s) set."""
+    entries found unfit evicted, validated values (tensors, ``EmbeddingResult``s, either
+    wrapped in ``ForModality`` to be held to its modality's layout) set, as one insert."""
     if cache is None:
         return
     if evict:
         cache.discard_many(evict)
-    for key, value in insert:
-        cache.set(key, value)
+    if insert:
+        with cache.one_insert():  # one step, one insert
+            for key, value in insert:
+                cache.set(key, value)
 
 
 def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected) -> None:
@@ -182,20 +185,26 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
                  move_features: bool = False, ranks: Any = None) -> Sequence[Any]:
     """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
     cached, indexed by source."""
+    tensors, encoded = checked_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
+    insert_encoded(cache, plan, tensors, encoded, expected, checked=ranks is None)
+    return tensors
+
+
+def checked_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None, expected: Expected, *,
+                 move_features: bool = False, ranks: Any = None) -> tuple[Sequence[Any], Sequence[int]]:
+    """Phases 3-5: every source tensor indexed by source (hits checked, misses encoded and
+    checked against the step and what ``cache`` holds or was declared), and the sources
+    encoded, which the caller caches (``insert_encoded``, or a step of several plans at once)."""
     if ranks is not None:
         learn_cache_layouts(plan, cache, expected)
-        tensors, encoded = ranks.prepare_rows(plan, encoders, expected, move_features=move_features)
-        insert_encoded(cache, plan, tensors, encoded, expected)
-        return tensors
+        return ranks.prepare_rows(plan, encoders, expected, move_features=move_features)
     tensors = check_sources(plan, expected)
     if not plan.encoder_batches:
-        return tensors
+        return tensors, ()
     tensors = list(tensors)
     learn_cache_layouts(plan, cache, expected)
     outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
-    encoded = check_outputs(plan, outputs, tensors, expected)
-    insert_encoded(cache, plan, tensors, encoded, expected, checked=True)
-    return tensors
+    return tensors, check_outputs(plan, outputs, tensors, expected)
 
 
 class _Evictions:

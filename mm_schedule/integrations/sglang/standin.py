@@ -8,7 +8,9 @@ import. The functions reach each other through this
 module's globals, along SGLang's call graph, so a test or fork that patches one of them
 (``monkeypatch.setattr(module, "_batch_encode_per_image_misses", ...)``) changes every
 path that uses it. The work itself (cache lookups, encoding, checking, caching) is
-mm_schedule's planner and cache.
+mm_schedule's planner and cache, under its layout rule on every path: what a step
+encodes is cached by one insert, checked per modality, when the step ends; entries of
+an unconfirmed layout change are never served.
 
 ``get_embedding_and_mask`` with none of the names below patched runs the whole batch as
 one planned step (``sglang_compat.embedding_and_mask``), which gives the same rows, mask and cache state as
@@ -23,7 +25,9 @@ from __future__ import annotations
 import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,14 +283,68 @@ def _acknowledge_hits(items: list[MultimodalDataItem]) -> None:
         _acknowledge_deferred_cuda_ipc_cache_hits(items)
 
 
-def _cached_whole(key: Any, expected_token_count: int) -> torch.Tensor | None:
-    """The cached embedding under ``key`` if it has the expected rows; a cached entry with
-    other rows is discarded (and logged) and None returned."""
-    cached = embedding_cache.get_single(key)
+# The outputs of the step being walked along the call graph, cached when it ends (None
+# outside one: each function called by itself caches its own outputs before returning).
+_step_inserts: ContextVar[_core.StepInserts | None] = ContextVar("mm_schedule_sglang_step", default=None)
+
+
+@contextmanager
+def _one_insert_per_step() -> Iterator[_core.StepInserts]:
+    """Everything encoded inside the block (and blocks nested in it) cached by one
+    layout-checked insert when the outermost block ends, nothing if it raises: a step is
+    one insert however many encoder calls its requests take, so one faulty step cannot
+    confirm a layout change by itself."""
+    current = _step_inserts.get()
+    if current is not None:
+        yield current
+        return
+    inserts = _core.StepInserts(embedding_cache)
+    token = _step_inserts.set(inserts)
+    try:
+        yield inserts
+    finally:
+        _step_inserts.reset(token)
+    inserts.flush()
+
+
+def _unconfirmed(modality: str) -> bool:
+    """Whether ``modality``'s layout is a change the cache has not confirmed: its entries
+    are then not served on any path (the step encodes them again, which settles it)."""
+    # A replacement cache object gets SGLang's API only (and has no layouts).
+    return isinstance(embedding_cache, MultiModalStaticCache) and embedding_cache.layout_changing(modality)
+
+
+def _step_or_cached(key: Any, modality: str, item_hashes: list | None = None) -> Any:
+    """The embedding this step encoded under ``key`` and has not cached yet, else the
+    cache's entry (read as SGLang reads it: ``get(item_hashes)`` for a request's combined
+    key, ``get_single`` for an item's), None while ``modality``'s layout change is unconfirmed."""
+    inserts = _step_inserts.get()
+    held = inserts.get(key) if inserts is not None else None
+    if held is not None:
+        return EmbeddingResult(embedding=held)
+    if _unconfirmed(modality):
+        return None
+    found = embedding_cache.get_single(key) if item_hashes is None else embedding_cache.get(item_hashes)
+    if found is not None and inserts is not None:
+        inserts.served(key)
+    return found
+
+
+def _forget(key: Any) -> None:
+    inserts = _step_inserts.get()
+    if inserts is not None:
+        inserts.discard(key)
+
+
+def _cached_whole(key: Any, expected_token_count: int, modality: str) -> torch.Tensor | None:
+    """The cached (or earlier in this step encoded) embedding under ``key`` if it has the
+    expected rows; one with other rows is discarded (and logged) and None returned."""
+    cached = _step_or_cached(key, modality)
     if cached is None:
         return None
     cached_token_count = _cached_rows(cached.embedding)
     if cached_token_count != expected_token_count:
+        _forget(key)
         _discard_cached(key, expected_token_count, cached_token_count)
         return None
     return cached.embedding
@@ -298,10 +356,11 @@ def _encode_whole(data_embedding_func: DataEmbeddingFunc, misses: list[tuple[Any
     step; an item with several runs (0.5.22+ audio) is ``(item, None, token count)``."""
     items = [item for item, _, _ in misses]
     _move_before_encoding(data_embedding_func, items, device)
-    if any(start is None for _, start, _ in misses):
-        return _core.encode_items_by_hash(data_embedding_func, items, [n for _, _, n in misses],
-                                          embedding_cache, device)
-    return _core.encode_whole_items(data_embedding_func, misses, embedding_cache, _step_context(), device)
+    with _one_insert_per_step() as inserts:
+        if any(start is None for _, start, _ in misses):
+            return _core.encode_items_by_hash(data_embedding_func, items, [n for _, _, n in misses], inserts, device)
+        return _core.encode_whole_items(data_embedding_func, misses, embedding_cache, inserts, _step_context(),
+                                        device)
 
 
 def _item_rows(embedding: torch.Tensor, start: int, end: int, chunk_start: int, chunk_end: int) -> torch.Tensor:
@@ -334,11 +393,13 @@ def _get_chunked_embedding_full(
     one call and cached under the combined key); returns ``(rows, input_ids)``."""
     item_hashes = [item.hash for item in embedding_items_per_req]
     key = MultiModalStaticCache.combine_hashes(item_hashes)
+    modality = _core.modality_of(embedding_items_per_req[0])
     expected = sum(end - start + 1 for start, end in items_offset)
-    result = embedding_cache.get(item_hashes)
+    result = _step_or_cached(key, modality, item_hashes)
     if result is not None and not _is_evs(result):
         cached_token_count = _cached_rows(result.embedding)
         if cached_token_count != expected:
+            _forget(key)
             _discard_cached(key, expected, cached_token_count)
             result = None
     if result is None:
@@ -348,9 +409,12 @@ def _get_chunked_embedding_full(
             output = _flatten_embedding_result(output)
         if _is_evs(output):
             result = output
+            embedding_cache.set(key, result)  # its frame counts travel with the value
         else:
-            result = EmbeddingResult(embedding=_core.check_rows(output, expected, key, device))
-        embedding_cache.set(key, result)
+            rows = _core.check_rows(output, expected, key, device)
+            result = EmbeddingResult(embedding=rows)
+            with _one_insert_per_step() as inserts:
+                inserts.add([(key, rows, modality)])
     else:
         _acknowledge_hits(embedding_items_per_req)
     if _is_evs(result):
@@ -456,7 +520,7 @@ def _batch_encode_per_image_misses(
             if cache_key in hash_to_embedding or cache_key in misses:
                 continue
             present = borrows and embedding_cache.has(item.hash)
-            cached = _cached_whole(item.hash, token_count)
+            cached = _cached_whole(item.hash, token_count, _core.modality_of(item))
             if cached is not None:
                 hash_to_embedding[cache_key] = cached
                 continue
@@ -478,7 +542,7 @@ def _by_item_embeddings(data_embedding_func, overlapping, device, acknowledge: b
     whole: dict[int, torch.Tensor] = {}
     misses = []
     for entry in overlapping:
-        cached = _cached_whole(entry[1].hash, _token_count(entry))
+        cached = _cached_whole(entry[1].hash, _token_count(entry), _core.modality_of(entry[1]))
         if cached is None:
             misses.append(entry)
         else:
@@ -573,7 +637,16 @@ def _get_chunked_prefill_embedding(
     input_ids: torch.Tensor,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Chunk rows of every request in request order: single-span items of all requests
-    batched into one encoding, requests with multi-span items per request."""
+    batched into one encoding, requests with multi-span items per request. What the
+    step encodes is cached by one insert at its end, however many encoder calls it took."""
+    with _one_insert_per_step():
+        return _chunked_prefill_rows(data_embedding_func, embedding_items, items_size, prefix_length,
+                                     extend_length, items_offset_list, input_ids)
+
+
+def _chunked_prefill_rows(data_embedding_func, embedding_items, items_size, prefix_length, extend_length,
+                          items_offset_list, input_ids):
+    """``_get_chunked_prefill_embedding``'s work, inside the step's one insert."""
     form = _profile.form("_get_chunked_prefill_embedding")
     device = input_ids.device
     per_image_requests = []
@@ -748,10 +821,11 @@ def _get_embedding_and_mask_by_call_graph(
         embedding_items, items_size, prefix_length, extend_length, items_offset_list
     )
     if embedding is None:
-        embedding, input_ids = _get_chunked_prefill_embedding(
-            data_embedding_func, embedding_items, items_size, prefix_length, extend_length,
-            items_offset_list, input_ids,
-        )
+        with _one_insert_per_step():  # also when _get_chunked_prefill_embedding is replaced
+            embedding, input_ids = _get_chunked_prefill_embedding(
+                data_embedding_func, embedding_items, items_size, prefix_length, extend_length,
+                items_offset_list, input_ids,
+            )
         if embedding is None:
             return None, None, input_ids
     special_multimodal_mask = _get_multimodal_mask(input_ids, placeholder_tensor)
