@@ -317,8 +317,9 @@ done:
 }
 
 /* Where request r's items lie in ``flat`` (the private copy of SGLang's ``embedding_items``):
- * ``[*lo, *hi)``, what ``flat[bounds[r]:bounds[r + 1]]`` selects. 0 when a bound is not a
- * non-negative int within LIMIT (the caller slices in Python then, with Python's rules). */
+ * ``[*lo, *hi)``, what ``flat[bounds[r]:bounds[r + 1]]`` selects. ``bounds`` is the private
+ * copy too, every one of them checked a non-negative int within LIMIT; 0 all the same if
+ * one is not (the caller slices in Python then, with Python's rules). */
 static int request_range(PyObject *flat, PyObject *bounds, Py_ssize_t r, Py_ssize_t *lo, Py_ssize_t *hi) {
     int64_t start, stop;
     PyObject *lo_obj = PyList_GET_ITEM(bounds, r), *hi_obj = PyList_GET_ITEM(bounds, r + 1);
@@ -465,22 +466,35 @@ static PyObject *flat_columns(PyObject *self, PyObject *const *args, Py_ssize_t 
         || (c.odd = PyList_New(0)) == NULL || (c.source_of = PyDict_New()) == NULL) {
         goto done;
     }
-    /* With bounds, the flat list is copied first: each request's slice is then what
-     * slicing it up front gives, whatever the users' code run on the way does to it. */
-    PyObject *flat = bounds == NULL ? NULL : PyList_GetSlice(args[0], 0, PyList_GET_SIZE(args[0]));
-    if (bounds != NULL && flat == NULL) {
-        goto done;
+    /* With bounds, the flat list and the bounds are copied first, and every bound is read
+     * before any request: each request's slice is then what slicing them all up front
+     * gives (the Python pass), whatever the users' code run on the way does to either. */
+    PyObject *flat = NULL, *own_bounds = NULL;
+    if (bounds != NULL) {
+        if ((flat = PyList_GetSlice(args[0], 0, PyList_GET_SIZE(args[0]))) == NULL
+            || (own_bounds = PyList_GetSlice(bounds, 0, PyList_GET_SIZE(bounds))) == NULL) {
+            Py_XDECREF(flat);
+            goto done;
+        }
+        for (Py_ssize_t b = 0; b < PyList_GET_SIZE(own_bounds); b++) {
+            int64_t value;
+            if (!small_int(PyList_GET_ITEM(own_bounds, b), &value) || value < 0) {
+                status = GIVE_UP; /* slices with Python's rules for other bounds: the general planner's */
+                break;
+            }
+        }
     }
     Py_ssize_t n_requests = bounds == NULL ? PyObject_Length(args[0])
-                            : PyList_GET_SIZE(bounds) > 0 ? PyList_GET_SIZE(bounds) - 1 : 0;
+                            : PyList_GET_SIZE(own_bounds) > 0 ? PyList_GET_SIZE(own_bounds) - 1 : 0;
     int64_t token_base = 0;
-    status = n_requests < 0 ? FAILED : OK;
+    if (status != GIVE_UP) {
+        status = n_requests < 0 ? FAILED : OK;
+    }
     for (Py_ssize_t r = 0; r < n_requests && status == OK; r++) {
-        /* bounds may be changed by users' code too: never read past its end */
-        status = bounds != NULL && r + 1 >= PyList_GET_SIZE(bounds)
-                     ? GIVE_UP : plan_request(&c, (PyObject **)args, r, &token_base, flat, bounds);
+        status = plan_request(&c, (PyObject **)args, r, &token_base, flat, own_bounds);
     }
     Py_XDECREF(flat);
+    Py_XDECREF(own_bounds);
     if (status == OK) {
         result = Py_BuildValue("(OOOOOOOOL)", c.keys, c.rows, c.requests, c.modalities, c.first_items,
                                c.seg_token_row, c.seg_request, c.odd, (long long)token_base);

@@ -445,3 +445,55 @@ def test_window_boundaries_agree_on_both_sides():
             _same_columns(c, py)
             inside = sum(prefix <= p < prefix + extend for p in (*range(5, 9), 12, 13))
             assert plan_columns(*step, None, None).n_rows == inside, (prefix, extend)
+
+
+class _BoundsChanger(MMItem):
+    """An item whose ``offsets`` getter changes the step's request bounds (and the item
+    list) the first time it is read: both passes must plan the bounds as given."""
+
+    def __init__(self, *args, bounds=None, flat_items=None, change=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._spans = kwargs.get("offsets")
+        self._change = (bounds, flat_items, change)
+
+    @property
+    def offsets(self):
+        bounds, flat_items, change = getattr(self, "_change", (None, None, None))
+        if change is not None:
+            self._change = (None, None, None)
+            change(bounds, flat_items)
+        return self._spans
+
+    @offsets.setter
+    def offsets(self, value):
+        self._spans = value
+
+
+@pytest.mark.parametrize("change", ["shrink", "grow", "bad bound", "clear items"])
+def test_bounds_and_items_changed_by_users_code_mid_pass_are_planned_as_given(change):
+    """An item's property that edits ``items_size`` or ``embedding_items`` while the step is
+    planned: the C pass reads both as they were when it was called, as the Python pass
+    (which slices everything up front) does."""
+    _needs_c_pass()
+    edits = {
+        "shrink": lambda bounds, items: bounds.__setitem__(2, 2),
+        "grow": lambda bounds, items: bounds.append(9),
+        "bad bound": lambda bounds, items: bounds.__setitem__(3, -1),
+        "clear items": lambda bounds, items: items.clear(),
+    }
+
+    def step():
+        items = [MMItem(hash=10 + k, offsets=[(0, 1)]) for k in range(3)]
+        bounds = [0, 1, 3, 3]
+        items[1:3] = [MMItem(hash=11, offsets=[(0, 1)]), MMItem(hash=12, offsets=[(3, 4)])]
+        items[0] = _BoundsChanger(hash=10, offsets=[(0, 1)], bounds=bounds, flat_items=items, change=edits[change])
+        return items, [0, 0, 0], [5, 5, 5], [None] * 3, [None] * 3, bounds
+
+    items, *columns, bounds = step()
+    c = C_PASS(items, *columns, KNOWN_MODALITIES, modality_name, item_key, bounds)
+    items, *columns, bounds = step()  # the same step afresh (the edit happens once)
+    py = flat.flat_columns_py(items, *columns, bounds)
+    assert c is not None and py is not None
+    assert [c[i] for i in (0, 1, 2, 3, 5, 6, 8)] == [py[i] for i in (0, 1, 2, 3, 5, 6, 8)]
+    assert [it.hash for it in c[4]] == [it.hash for it in py[4]] and c[7] == py[7] == []
+    assert c[0] == [10, 11, 12] and c[2] == [0, 1, 1]
