@@ -215,6 +215,8 @@ def _is_dtype(v: Any) -> bool:
 def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = False, share: bool = False) -> tuple:
     """The entry for ``tensor``: detached, 2-D, owning exactly its storage (a copy when
     ``copy``); with ``share``, a view of the tensor as given, charged for its whole storage."""
+    if tensor.dim() == 0:
+        raise CacheStateError("an embedding has rows and a hidden size ([rows, hidden]), got a 0-d tensor")
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.is_neg():  # cached rows are copied as bytes, which a negated view's are not
@@ -590,7 +592,9 @@ class EmbeddingCache:
             out.append((key, entry))
         return out
 
-    def _note_reuse(self, storage: tuple, holder: int, key: int) -> None:
+    def _note_reuse(self, storage: tuple, holder: int, key: int | None = None) -> None:
+        """``holder``'s memory was written by a later encoder output (for ``key``, when known):
+        evicted, and outputs in that storage are copied before caching from now on."""
         self._reused[storage] = None
         if len(self._reused) > _REUSED_STORAGES_KEPT:
             self._reused.popitem(last=False)
@@ -598,11 +602,11 @@ class EmbeddingCache:
             self._discarded += 1
         if not self._warned_reuse:
             self._warned_reuse = True
+            by = "An encoder output" if key is None else f"An encoder output for key {key}"
             log.warning(
-                "An encoder output for key %d shares its storage with the cached entry for key %d (the encoder"
-                " reuses one output buffer, which overwrote that entry): the entry was evicted, and outputs in"
-                " that buffer are copied before caching from now on; Encoder(fn, copy_outputs=True) copies"
-                " every output up front", key, holder,
+                "%s shares its storage with the cached entry for key %d (the encoder reuses one output buffer,"
+                " which overwrote that entry): the entry was evicted, and outputs in that buffer are copied before"
+                " caching from now on; Encoder(fn, copy_outputs=True) copies every output up front", by, holder,
             )
 
     def discard(self, key: int) -> bool:
@@ -620,17 +624,35 @@ class EmbeddingCache:
                 if self._pop(key):
                     self._discarded += 1
 
+    def discard_storages(self, storages: Iterable[tuple]) -> int:
+        """Drop the entries holding any of ``storages`` (``storage_id`` values): memory a
+        step's encoder wrote its outputs into, so what those entries cached by reference is
+        gone, whether or not the step got as far as inserting (where ``insert_many`` would
+        notice). Returns how many went; the log says so."""
+        with self._lock:
+            held = [(s, self._by_storage[s]) for s in set(storages) if s in self._by_storage]
+            for storage, holder in held:
+                self._note_reuse(storage, holder)
+        return len(held)
+
     # -- single-key API -------------------------------------------------------------------
     def lookup(self, key: int) -> Any | None:
-        """The 2-D tensor cached under ``key`` (refreshing its recency), or None. Counts a hit or miss."""
+        """The 2-D tensor cached under ``key`` (refreshing its recency), or None. Counts a hit
+        or miss. An entry of a layout change not yet confirmed is not served (None)."""
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._misses += 1
-                return None
-            self._entries.move_to_end(key)
-            self._hits += 1
-            return entry[_TENSOR]
+            entry = self._served(key)
+            return None if entry is None else entry[_TENSOR]
+
+    def _served(self, key: int) -> tuple | None:
+        """``key``'s entry for a single-key read (caller holds the lock), counted as a hit or a
+        miss: None when absent or of an unconfirmed layout change, as ``lookup_all`` rules."""
+        entry = self._entries.get(key)
+        if entry is None or (self._provisional and entry[_MODALITY] in self._provisional):
+            self._misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self._hits += 1
+        return entry
 
     def insert(self, key: int, value: Any, *, modality: Any = None) -> bool:
         """Cache ``value`` (a tensor, an object with ``.embedding``, or either wrapped in
@@ -647,8 +669,15 @@ class EmbeddingCache:
             raise CacheStateError(
                 f"key {key}: the cache stores tensors (or objects with a tensor .embedding), got {type(value).__name__}"
             )
+        if tensor.dim() == 0:
+            raise CacheStateError(f"key {key}: an embedding has rows and a hidden size ([rows, hidden]), got a 0-d tensor")
         if modality is not None:
             modality = modality_name(modality)
+            if not tensor.dtype.is_floating_point:
+                # It would become the modality's learned dtype and refuse every real output.
+                raise CacheStateError(
+                    f"key {key}: a {modality} embedding must be floating point, got {tensor.dtype}"
+                )
         entry = _entry(tensor, None, modality, share=self.share_storage)
         # Rebuilt before the lock: a value that cannot be rebuilt is refused before
         # anything changes.
@@ -740,12 +769,9 @@ class EmbeddingCache:
 
     def get_single(self, mm_hash: int) -> Any | None:
         with self._lock:
-            entry = self._entries.get(mm_hash)
-            if entry is None:
-                self._misses += 1
-                return None
-            self._entries.move_to_end(mm_hash)
-            self._hits += 1
+            entry = self._served(mm_hash)
+        if entry is None:
+            return None
         value = entry[_VALUE]
         return value if value is not None else EmbeddingResult(embedding=entry[_TENSOR])
 

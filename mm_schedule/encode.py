@@ -86,12 +86,14 @@ def batch_items(plan: StepPlan, batch: Sequence[int]) -> list[Any]:
     return [item for s in batch for item in plan.items_of(s)]
 
 
-def encode_misses(plan: StepPlan, encoders: Encoders, *, device: Any = None,
-                  move_features: bool = False) -> list[tuple[Encoder, Any]]:
+def encode_misses(plan: StepPlan, encoders: Encoders, *, device: Any = None, move_features: bool = False,
+                  written: set | None = None) -> list[tuple[Encoder, Any]]:
     """Call the encoder once per encoder batch of ``plan``; returns ``(encoder, raw output)``
     per batch, in batch order. Nothing is checked or cached here, but a step of several
-    calls makes sure no call's output overwrote an earlier one's (see ``_CallOutputs``)."""
-    calls = _CallOutputs() if len(plan.encoder_batches) > 1 else None
+    calls makes sure no call's output overwrote an earlier one's (see ``_CallOutputs``);
+    ``written`` then receives the memory every call's output came in (``storage_id``
+    values), which the returned outputs, copies some of them, may no longer show."""
+    calls = _CallOutputs(written) if len(plan.encoder_batches) > 1 else None
     outputs = []
     for modality, batch in plan.encoder_batches:
         encoder = resolve_encoder(encoders, modality, plan.requests[batch[0]], move_features=move_features)
@@ -113,8 +115,9 @@ class _CallOutputs:
     is copied as it returns. A step of one call needs none of this: the cache notices a
     reused buffer across steps."""
 
-    def __init__(self) -> None:
+    def __init__(self, written: set | None) -> None:
         self.owner: dict[tuple, int] = {}  # storage -> the call whose output is in it
+        self.written = set() if written is None else written
         self.items: list[list] = []
         self.copying = False
 
@@ -122,10 +125,11 @@ class _CallOutputs:
         call = len(outputs) - 1
         self.items.append(items)
         encoder, output = outputs[call]
+        storages = _storages(output)
+        self.written.update(storages)
         if self.copying:
             outputs[call] = (encoder, _copied(output))
             return
-        storages = _storages(output)
         overwritten = {self.owner[s] for s in storages if s in self.owner}
         if not overwritten:
             self.owner.update(dict.fromkeys(storages, call))
@@ -137,7 +141,14 @@ class _CallOutputs:
                 outputs[earlier] = (outputs[earlier][0], _copied(outputs[earlier][1]))
         for earlier in sorted(overwritten):
             again = outputs[earlier][0]
-            outputs[earlier] = (again, _copied(again(self.items[earlier])))
+            output = again(self.items[earlier])
+            self.written.update(_storages(output))
+            outputs[earlier] = (again, _copied(output))
+
+
+def output_storages(outputs: Sequence[tuple[Encoder, Any]]) -> set:
+    """The memory the encoder outputs of a step lie in (``storage_id`` values)."""
+    return set().union(*(_storages(output) for _, output in outputs))
 
 
 def _tensors_of(output: Any) -> list[Any]:

@@ -405,6 +405,10 @@ def get_embedding_and_mask(
         ids, rows, mask = step.place(chunks, input_ids, placeholder_tensor, extends, n_requests)
     finally:
         update_cache(cache, evict=expected.evict)
+        if cache is not None and step.written:
+            # Memory the encoder returned videos in, which its next call may have reused:
+            # an entry holding it by reference was overwritten, step or no step.
+            cache.discard_storages(step.written)
     inserts = step.to_insert()
     try:
         update_cache(cache, insert=inserts)
@@ -435,6 +439,7 @@ class _VideoStep:
         # This step's latest encoder output, still in the memory the encoder returned: the
         # encoder's next call may write into that same buffer, so it is copied first.
         self.in_encoder_memory: _Resolved | None = None
+        self.written: set = set()  # the memory each encoded video came in (storage_id values)
 
     def _local(self, work: Callable[..., Any], video: _PrunedVideo | None, *args: Any) -> bool:
         """Run ``work``; with ranks, a failure is recorded for the next meeting point.
@@ -496,6 +501,9 @@ class _VideoStep:
         if earlier is not None:
             earlier.rows = earlier.rows.clone()
         resolved = into[i] = _encoded(video, self.encoder, self.expected)
+        storage = storage_id(resolved.rows)
+        if storage is not None:
+            self.written.add(storage)
         if self.encoder.copy_outputs:
             resolved.rows = resolved.rows.clone()
         else:

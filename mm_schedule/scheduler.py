@@ -38,7 +38,7 @@ import torch
 from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
-from .encode import Encoders, encode_misses
+from .encode import Encoders, encode_misses, output_storages
 from .errors import CachedEmbeddingError, CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
 from .kernels.segment_copy.contract import first_overlap
@@ -186,7 +186,14 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     """Phases 3-6 for a planned step: every source tensor, checked, misses encoded and
     cached, indexed by source."""
     tensors, encoded = checked_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
-    insert_encoded(cache, plan, tensors, encoded, expected, checked=ranks is None)
+    try:
+        insert_encoded(cache, plan, tensors, encoded, expected, checked=ranks is None)
+    except BaseException:
+        # Refused (another layout), so insert_many never looked for entries these outputs
+        # overwrote in a reused buffer: they go now.
+        if cache is not None and encoded:
+            cache.discard_storages(output_storages([(None, [tensors[s] for s in encoded])]))
+        raise
     return tensors
 
 
@@ -203,8 +210,19 @@ def checked_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
         return tensors, ()
     tensors = list(tensors)
     learn_cache_layouts(plan, cache, expected)
-    outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features)
-    return tensors, check_outputs(plan, outputs, tensors, expected)
+    written: set = set()  # memory the encoder calls wrote into, as returned (several calls only)
+    outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features, written=written)
+    try:
+        encoded = check_outputs(plan, outputs, tensors, expected, written)
+    except BaseException:
+        # An encoder reusing its buffer may have written over cached entries; the step
+        # stops before insert_many would notice, so they go here.
+        if cache is not None:
+            cache.discard_storages(written | output_storages(outputs))
+        raise
+    if written and cache is not None:
+        cache.discard_storages(written)  # copies of the outputs are cached, not that memory
+    return tensors, encoded
 
 
 class _Evictions:

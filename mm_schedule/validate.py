@@ -207,11 +207,21 @@ def check_precomputed(plan: StepPlan, tensors: list[Any], expected: Expected) ->
 
 
 def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensors: list[Any],
-                  expected: Expected) -> list[int]:
+                  expected: Expected, written: set = frozenset()) -> list[int]:
     """Validate every encoder output and store each miss's 2-D rows in ``tensors``.
-    Returns the sources that were encoded. Raises before the caller inserts anything."""
+    Returns the sources that were encoded. Raises before the caller inserts anything.
+    ``written``: memory the step's encoder calls returned outputs in, besides what
+    ``outputs`` show (``encode_misses``); a hit there was overwritten too."""
     encoded = []
     hit_storages = _hit_storages(plan)
+    if written and hit_storages and not written.isdisjoint(hit_storages):
+        hit = hit_storages[next(s for s in hit_storages if s in written)]
+        expected.evict.append(plan.keys[hit])
+        raise CachedEmbeddingError(
+            f"{_labels(plan, [hit])}: one of this step's encoder calls wrote its output into the storage of this"
+            " cached embedding (the encoder reuses its output buffer), so the entry no longer holds its rows; it was"
+            " evicted and will be encoded again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
+        )
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
         item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]

@@ -28,6 +28,7 @@ from mm_schedule import (
 from mm_schedule.errors import (
     CachedEmbeddingError,
     EmbeddingLengthMismatch,
+    EncoderOutputError,
     InvalidItemError,
     KernelInputError,
 )
@@ -332,6 +333,56 @@ def test_a_step_of_several_encoder_calls_keeps_every_calls_rows_from_a_reusing_e
     assert torch.equal(got, naive_reference(reqs))
     for k, n in enumerate(lengths):
         assert torch.equal(cache.lookup(200 + k), truth(200 + k, n)), k
+
+
+@STEP
+def test_a_failed_step_leaves_no_entry_its_reusing_encoder_overwrote(backend):
+    """Item 1 is cached by reference in the buffer an IMAGE encoder reuses; a step encodes
+    item 2 into it and then fails validation (its AUDIO output is integer): item 1's entry
+    lost its rows although nothing was inserted, so it is evicted, never served."""
+    buffer = torch.empty(3, HIDDEN)
+
+    def image_encoder(items):
+        buffer.copy_(truth(items[0].hash, 3))
+        return buffer
+
+    encoders = {"IMAGE": image_encoder, "AUDIO": lambda items: [torch.ones(3, HIDDEN, dtype=torch.int32)] * len(items)}
+    audio = MMItem(modality="AUDIO", hash=3, offsets=[(3, 5)], feature=torch.zeros(1))
+    cache = EmbeddingCache(1 << 20)
+    embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoders, cache=cache)
+    with pytest.raises(EncoderOutputError):
+        embed_chunk([RequestChunk(items=[image(2, 0, 3), audio], prefix=0, extend=6)], encoders, cache=cache)
+    assert cache.lookup(1) is None and len(cache) == 0
+    got = embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoders, cache=cache)
+    assert torch.equal(got.embedding, truth(1, 3))
+
+
+@STEP
+def test_copies_of_a_several_call_step_do_not_hide_an_entry_its_encoder_overwrote(backend):
+    """Item 1 cached in buffer 0 of a ring of three; a step of four calls lands in buffers
+    1, 2, 0, 1: the fourth overlaps the first, so outputs are copied from then on, and the
+    third call's write over item 1's entry must still evict it."""
+    ring = [torch.empty(3, HIDDEN) for _ in range(3)]
+    calls = []
+
+    def encoder(items):
+        buffer = ring[len(calls) % 3]
+        calls.append(items[0].hash)
+        buffer.copy_(truth(items[0].hash, 3))
+        return buffer
+
+    cache = EmbeddingCache(1 << 20)
+    context = StepContext(max_tokens_per_encoder_call=3)
+    embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoder, cache=cache, context=context)
+    reqs = [RequestChunk(items=[image(10 + k, 3 * k, 3) for k in range(4)], prefix=0, extend=12)]
+    got = embed_chunk(reqs, encoder, cache=cache, context=context)
+    assert torch.equal(got.embedding, naive_reference(reqs))
+    assert cache.lookup(1) is None
+    got = embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoder, cache=cache,
+                      context=context)
+    assert torch.equal(got.embedding, truth(1, 3))
+    for k in range(4):
+        assert torch.equal(cache.lookup(10 + k), truth(10 + k, 3))
 
 
 @STEP

@@ -153,3 +153,45 @@ def test_a_set_tensor_in_another_entrys_storage_is_a_reused_buffer(caplog):
         assert torch.equal(cache.get_single(key).embedding, truths[key])
     assert cache.stats().bytes == _held_bytes(cache) == 3 * 4 * 8 * 4
     assert sum("shares its storage" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.complex64])
+def test_a_value_of_a_modality_must_be_floating_point(dtype):
+    """Held to a modality, a non-floating tensor would become the learned dtype and refuse
+    every real output of it: refused at set/insert, nothing cached or learned."""
+    cache = EmbeddingCache(1 << 20, hidden_sizes=4)
+    tensor = torch.ones(3, 4).to(dtype)
+    with pytest.raises(CacheStateError, match=rf"key 1: a IMAGE embedding must be floating point, got {dtype}"):
+        cache.set(1, ForModality(tensor, "IMAGE"))
+    with pytest.raises(CacheStateError, match="must be floating point"):
+        cache.insert(2, EmbeddingResult(embedding=tensor), modality="image")
+    assert len(cache) == 0 and cache.layout_of("IMAGE") == (4, None)
+    cache.set(3, ForModality(torch.randn(3, 4), "IMAGE"))
+    assert cache.layout_of("IMAGE") == (4, torch.float32)
+
+
+def test_a_0_d_value_is_refused_by_name():
+    cache = EmbeddingCache(1 << 20)
+    for value in (torch.tensor(1.0), EmbeddingResult(embedding=torch.tensor(2.0))):
+        with pytest.raises(CacheStateError, match=r"key 7: an embedding has rows and a hidden size .* 0-d"):
+            cache.set(7, value)
+    with pytest.raises(CacheStateError, match="0-d"):
+        cache.insert_many([(8, torch.tensor(3.0))])
+    assert len(cache) == 0
+
+
+def test_single_key_reads_never_serve_an_entry_of_an_unconfirmed_layout_change():
+    """``lookup``, ``get_single`` and ``get`` follow ``lookup_all``: while a changed layout
+    is unconfirmed its entries are held but read as misses."""
+    cache = EmbeddingCache(1 << 20)
+    cache.insert_many([(1, torch.randn(2, 4))], modalities=["IMAGE"])
+    cache.free(1)
+    cache.insert_many([(2, torch.randn(2, 8))], modalities=["IMAGE"])
+    assert cache.layout_changing("IMAGE") and cache.has(2)
+    misses = cache.stats().misses
+    assert cache.lookup(2) is None and cache.get_single(2) is None
+    assert cache.lookup_all([2], [2])[0] == [None]
+    assert cache.stats().misses == misses + 3
+    for _ in range(2):
+        cache.insert_many([(3, torch.randn(2, 8))], modalities=["IMAGE"])
+    assert not cache.layout_changing("IMAGE") and cache.lookup(2).shape == (2, 8)

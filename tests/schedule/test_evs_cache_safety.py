@@ -232,3 +232,58 @@ def test_returned_rows_are_the_callers_own_memory(seed):
                 rows.mul_(0.5)
                 rows.fill_(float("nan"))
     assert sum(1 for c in encoder.calls if c == [p.video.hash]) == 1
+
+
+class RingEncoder:
+    """An EVS encoder writing each call into the next of ``n`` buffers, in turn."""
+
+    def __init__(self, prompts, n):
+        self.by_hash = {p.video.hash: p for p in prompts}
+        self.ring = [torch.empty_like(prompts[0].rows) for _ in range(n)]
+        self.calls = []
+
+    def __call__(self, items):
+        p = self.by_hash[items[0].hash]
+        buffer = self.ring[len(self.calls) % len(self.ring)]
+        self.calls.append(p.video.hash)
+        buffer.copy_(p.rows)
+        return EVSEmbeddingResult(embedding=buffer, num_tokens_per_frame=list(p.kept))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_ring_of_buffers_never_serves_a_video_another_one_overwrote(seed):
+    """Video X is cached in buffer 0; a step encodes Y, Z, W into buffers 1, 0, 1: Z wrote
+    over X's entry, and the copy taken of Z before W's encode must not hide that."""
+    rng = random.Random(seed)
+    x = Prompt(rng, h=600 + seed, frames=rng.randint(2, 4))
+    y, z, w = _twin(x, 700 + seed), _twin(x, 800 + seed), _twin(x, 900 + seed)
+    _cache()
+    encoder = RingEncoder([x, y, z, w], 2)
+    whole = (0, len(x.ids))
+    _step(encoder, [x], [whole])
+    _step(encoder, [y, z, w], [whole] * 3)
+    _step(encoder, [x], [whole])
+    assert encoder.calls.count(x.video.hash) == 2  # X's entry was gone: encoded again
+
+
+def test_the_evs_path_never_serves_an_entry_of_an_unconfirmed_layout_change():
+    """VIDEO entries of one layout go; one faulty EVS encode (hidden 16) makes an unconfirmed
+    change; the request's next chunk, with the right encoder, is encoded again, not served."""
+    rng = random.Random(31)
+    a, b = Prompt(rng, 11), Prompt(rng, 22)
+    cache = _cache()
+    good = EVSEncoder([a, b])
+    _step(good, [a], [(0, len(a.ids))])
+    cache.discard_many([mm_schedule.combine_hashes([a.video.hash])])
+
+    def faulty(items):
+        out = good(items)
+        return EVSEmbeddingResult(embedding=torch.randn(out.embedding.shape[0], 16),
+                                  num_tokens_per_frame=out.num_tokens_per_frame)
+
+    first, rest = _split(b, rng)
+    mm_schedule.get_embedding_and_mask(faulty, *layout([b], [first]))
+    assert cache.layout_changing("VIDEO")
+    calls = len(good.calls)
+    _step(good, [b], [rest])
+    assert len(good.calls) == calls + 1
