@@ -31,6 +31,8 @@ _NO_MODALITY = object()
 
 def plan_flat(item_lists, prefixes, extends, offsets_lists, row_offsets, budget, bounds=None) -> StepPlan | None:
     """``bounds``: see ``flat_columns_py``."""
+    if bounds is not None and (type(bounds) is not list or type(item_lists) is not list):
+        bounds, item_lists = list(bounds), list(item_lists)  # tuples (or any sequence): the C pass reads lists
     if _flat_columns_c is not None:
         columns = _flat_columns_c(item_lists, prefixes, extends, offsets_lists, row_offsets, names, modality_name,
                                   item_key, bounds)
@@ -104,11 +106,17 @@ def flat_columns_py(item_lists, prefixes, extends, offsets_lists, row_offsets, b
                 offsets = item.offsets
                 if type(offsets) is not list and type(offsets) is not tuple:
                     return None
-                ((s, e),) = offsets  # more or fewer than one span: ValueError, general planner
+                (span,) = offsets  # more or fewer than one span: ValueError, general planner
+                if type(span) is not tuple and type(span) is not list:
+                    return None  # spans as the C pass reads them: exact pairs
+                s, e = span
                 if type(s) is not int or type(e) is not int or s <= prev_end or e < s:
                     return None
                 if given is not None:
-                    gs, ge = given[k]
+                    span = given[k]
+                    if type(span) is not tuple and type(span) is not list:
+                        return None
+                    gs, ge = span
                     if gs != s or ge != e:
                         return None
                     k += 1

@@ -52,7 +52,7 @@ class _Columns:
         self.first_items: list = []
         self.multi_items: dict[int, tuple[tuple, tuple]] = {}
         self.by_identity: dict[tuple, int] = {}
-        self.source_of_key: dict[int, int] = {}  # key -> its first source (one key names one modality)
+        self.modality_of_key: dict[int, tuple] = {}  # item key -> (modality, request, tokens), first seen
         self.uses: list[tuple[int, Any]] = []  # (source, item or tuple of items) per request use
 
 
@@ -146,6 +146,18 @@ def _add_unit(cols, pieces, index, modality, items, spans_per_item, window, prec
         rows_before += e - s + 1
 
 
+def _claim(cols, key, item, modality, index, tokens) -> None:
+    """The item hash ``key`` names ``modality`` in this step, or ``ConflictingHashError``."""
+    first = cols.modality_of_key.setdefault(key, (modality, index, tokens))
+    if first[0] != modality:
+        raise ConflictingHashError(
+            f"request {index}: item hash {getattr(item, 'hash', None)!r} is a {modality} item of {tokens}"
+            f" tokens, and request {first[1]} has a {first[0]} item of {first[2]} tokens with the same hash;"
+            " one hash names one embedding, so give the items distinct hashes",
+            item_hash=getattr(item, "hash", None), modalities=(first[0], modality),
+        )
+
+
 def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
     item_rows = tuple(span_tokens(sp) for sp in spans_per_item)
     rows = sum(item_rows)
@@ -156,17 +168,12 @@ def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
         key = combine_hashes([item_key(getattr(it, "hash", None), index) for it in items])
     identity = (PRECOMPUTED, id(items[0]), rows) if precomputed else (per_item, key, rows)
     if not precomputed:
-        # Checked before the lengths: a key under two modalities conflicts whatever its
-        # rows, or the step would encode it twice and cache whichever came last.
-        first = cols.source_of_key.setdefault(key, len(cols.kinds))
-        if first < len(cols.kinds) and cols.modalities[first] != modality:
-            raise ConflictingHashError(
-                f"request {index}: item hash {getattr(items[0], 'hash', None)!r} is a {modality} item of {rows}"
-                f" tokens, and request {cols.requests[first]} has a {cols.modalities[first]} item of"
-                f" {cols.rows[first]} tokens with the same hash; one hash names one embedding, so give the items"
-                " distinct hashes",
-                item_hash=getattr(items[0], "hash", None), modalities=(cols.modalities[first], modality),
-            )
+        # Checked before the lengths: a hash under two modalities conflicts whatever its
+        # rows, or the step would encode it twice and cache whichever came last. The items
+        # of a whole-request source (cached under their combined key) are checked each.
+        for item, n in zip(items, item_rows):
+            _claim(cols, item_key(getattr(item, "hash", None), index) if not per_item else key, item,
+                   modality, index, n)
     found = cols.by_identity.get(identity)
     if found is not None:
         return found

@@ -374,6 +374,14 @@ def test_a_non_bool_is_embed_is_refused_before_anything_is_written(is_embed):
         vllm.gather_mm_embeddings_v1(scheduler_output, ["r"], requests, outputs)
 
 
+def test_a_meta_is_embed_is_refused_by_name():
+    """A mask on the meta device has no values to find the embedding positions in."""
+    outputs = {"a": torch.randn(4, 8)}
+    mask = torch.ones(4, dtype=torch.bool, device="meta")
+    with pytest.raises(InvalidItemError, match=r"mm_hash 'a': is_embed is a meta tensor"):
+        vllm.plan_rows(["r"], [[feature("a", 0, 4, mask)]], [0], [4], outputs)
+
+
 def test_a_mask_seen_before_is_checked_again_under_another_range_and_after_a_change():
     is_embed = torch.tensor([True, False, True, True])
     outputs = {"a": torch.randn(3, 8)}

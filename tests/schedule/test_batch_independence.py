@@ -158,3 +158,21 @@ def test_unrelated_requests_never_change_a_request_plan(data):
     assert entries.keys() == entries2.keys()
     for key, (modality, tensor) in entries.items():
         assert entries2[key][0] == modality and torch.equal(entries2[key][1], tensor)
+
+
+@pytest.mark.parametrize("with_c_pass", [True, False], ids=["c-pass", "python-pass"])
+@pytest.mark.parametrize("together", [True, False], ids=["one-request", "two-requests"])
+def test_a_hash_of_a_multi_span_video_and_of_an_image_is_refused(monkeypatch, with_c_pass, together):
+    """A video of several spans is cached under its request's combined key, yet its item
+    hash still names one embedding: an image under the same hash conflicts with it."""
+    if not with_c_pass:
+        monkeypatch.setattr(flat, "_flat_columns_c", None)
+    video, picture = _video(7, 0), _item(7, 6, 3, "IMAGE")
+    reqs = ([RequestChunk(items=[video, picture], prefix=0, extend=10)] if together else
+            [RequestChunk(items=[video], prefix=0, extend=6), RequestChunk(items=[picture], prefix=0, extend=10)])
+    cache, encoders = EmbeddingCache(1 << 20), _encoders()
+    with pytest.raises(ConflictingHashError, match=r"item hash 7 is a IMAGE item of 3 tokens, and request 0 has a"
+                                                   r" VIDEO item of 4 tokens") as info:
+        embed_chunk(reqs, encoders, cache=cache)
+    assert info.value.modalities == ("VIDEO", "IMAGE")
+    assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []

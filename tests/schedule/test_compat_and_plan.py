@@ -312,3 +312,18 @@ def test_sglang_lists_shorter_than_the_requests():
     emb, _, _ = mm_schedule.get_embedding_and_mask(encoder, items[:1], pads[:1], first, [0, 1, 1], [0, 0],
                                                    [extends[0], 3], offsets[:1])
     assert torch.equal(emb, rows[items[0].hash])
+
+
+def test_sglang_arguments_given_as_tuples_are_planned_as_lists():
+    rng = random.Random()
+    items, ids, pads, extends, offsets, rows = _two_request_step(rng)
+
+    def encoder(batch):
+        return [rows[it.hash] for it in batch]
+
+    want = torch.cat([rows[it.hash] for it in items])
+    for args in ((tuple(items), [0, 1, 2]), (items, (0, 1, 2)), (tuple(items), (0, 1, 2))):
+        mm_schedule.init_mm_embedding_cache(1 << 20)
+        emb, mask, _ = mm_schedule.get_embedding_and_mask(encoder, args[0], pads, ids, args[1], (0, 0),
+                                                          tuple(extends), tuple(offsets))
+        assert torch.equal(emb, want) and int(mask.sum()) == want.shape[0]

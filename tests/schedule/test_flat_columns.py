@@ -5,6 +5,7 @@ ran. Inputs are drawn fresh (seeded) and include every malformed shape the pass 
 
 from __future__ import annotations
 
+import collections
 import enum
 import gc
 import itertools
@@ -497,3 +498,21 @@ def test_bounds_and_items_changed_by_users_code_mid_pass_are_planned_as_given(ch
     assert [c[i] for i in (0, 1, 2, 3, 5, 6, 8)] == [py[i] for i in (0, 1, 2, 3, 5, 6, 8)]
     assert [it.hash for it in c[4]] == [it.hash for it in py[4]] and c[7] == py[7] == []
     assert c[0] == [10, 11, 12] and c[2] == [0, 1, 1]
+
+
+def test_spans_that_are_pairs_of_other_types_give_up_in_both_passes():
+    """A span (or a request-level span) given as a namedtuple, a list subclass or a range
+    is a pair to Python's unpacking but not to the C pass's exact reads: both give up, and
+    the general planner plans it."""
+    _needs_c_pass()
+    pair = collections.namedtuple("pair", "start end")
+
+    class Span(list):
+        pass
+
+    for odd in (pair(0, 1), Span([0, 1]), range(0, 2)):
+        for offsets, given in (([odd], None), ([(0, 1)], [odd])):
+            step = ([[MMItem(hash=5, offsets=offsets)]], [0], [4], [given], [None])
+            assert c_columns(*step) is None and flat.flat_columns_py(*step) is None, (odd, given)
+            plan = plan_columns(*step, None, None)
+            assert plan.keys == [5] and plan.n_rows == 2

@@ -107,6 +107,10 @@ def _runs_of(position, request: str, key: str) -> _EmbedRuns:
     if (not isinstance(is_embed, torch.Tensor) or is_embed.dim() != 1 or is_embed.shape[0] != length
             or is_embed.dtype != torch.bool):
         raise _bad_mask(is_embed, length, request, key)
+    if is_embed.is_meta:
+        # The runs are the mask's values, which a meta tensor does not have.
+        raise InvalidItemError(f"request {request!r}, mm_hash {key!r}: is_embed is a meta tensor, which holds no"
+                               " values to read its embedding positions from")
     # Only plain CPU tensors are looked up: a subclass may answer torch.equal its own way,
     # and a device tensor would need a copy to compare anyway.
     cached = type(is_embed) is torch.Tensor and is_embed.is_cpu
