@@ -90,6 +90,26 @@ def backend(request, monkeypatch):
     forget_backend_choice()
 
 
+@pytest.fixture(params=["torch", "triton"])
+def copy_backend(request, monkeypatch):
+    """The vLLM integration's copy backend, its launcher chosen afresh."""
+    from mm_schedule.kernels.backend import refresh_backend
+
+    if request.param == "triton":
+        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            pytest.skip("run with TRITON_INTERPRET=1 (as `make test` does) to run the Triton kernels on CPU tensors")
+        pytest.importorskip("triton")
+    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
+    refresh_backend()
+    import mm_schedule.kernels.segment_copy.trusted as trusted
+
+    trusted._triton_launcher.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    refresh_backend()
+    trusted._triton_launcher.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def sglang_wheels():
     """``benchmarks/_sglang_wheels``: downloads and reads SGLang's official wheels."""

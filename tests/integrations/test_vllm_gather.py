@@ -487,25 +487,6 @@ def test_a_window_of_only_text_positions_needs_no_encoder_output(window, needs):
     assert torch.equal(step.is_mm_embed(), mask) and torch.equal(step.merge_into(text.clone()), merged)
 
 
-@pytest.fixture(params=["torch", "triton"])
-def copy_backend(request, monkeypatch):
-    from mm_schedule.kernels.backend import refresh_backend
-
-    if request.param == "triton":
-        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            pytest.skip("run with TRITON_INTERPRET=1 (as `make test` does) to run the Triton kernels on CPU tensors")
-        pytest.importorskip("triton")
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
-    refresh_backend()
-    import mm_schedule.kernels.segment_copy.trusted as trusted
-
-    trusted._triton_launcher.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    refresh_backend()
-    trusted._triton_launcher.cache_clear()
-
-
 def test_negated_views_are_copied_with_their_values(copy_backend):
     base = {"a": torch.randn(4, 8), "b": torch.randn(3, 8)}
     outputs = {"a": torch._neg_view(base["a"]), "b": base["b"]}

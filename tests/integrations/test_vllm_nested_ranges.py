@@ -6,7 +6,6 @@ shares no code with the planner: it walks every position of every range, with no
 
 from __future__ import annotations
 
-import os
 import random
 import types
 
@@ -365,22 +364,3 @@ def test_an_unchanged_mask_is_not_read_into_runs_again():
     is_embed.numpy()[0] = False
     again = planner._runs_of(position, "r", "a")
     assert again is not first and again.starts == [2] and again.rows == 2
-
-
-@pytest.fixture(params=["torch", "triton"])
-def copy_backend(request, monkeypatch):
-    from mm_schedule.kernels.backend import refresh_backend
-
-    if request.param == "triton":
-        if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            pytest.skip("the Triton kernels run on CPU tensors only with TRITON_INTERPRET=1")
-        pytest.importorskip("triton")
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", request.param)
-    refresh_backend()
-    import mm_schedule.kernels.segment_copy.trusted as trusted
-
-    trusted._triton_launcher.cache_clear()
-    yield request.param
-    monkeypatch.undo()
-    refresh_backend()
-    trusted._triton_launcher.cache_clear()
