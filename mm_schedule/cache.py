@@ -673,10 +673,11 @@ class EmbeddingCache:
             raise CacheStateError(f"key {key}: an embedding has rows and a hidden size ([rows, hidden]), got a 0-d tensor")
         if modality is not None:
             modality = modality_name(modality)
-            if not tensor.dtype.is_floating_point:
-                # It would become the modality's learned dtype and refuse every real output.
+            if not tensor.dtype.is_floating_point or tensor.dim() < 2:
+                # It would become the modality's learned layout and refuse every real output.
                 raise CacheStateError(
-                    f"key {key}: a {modality} embedding must be floating point, got {tensor.dtype}"
+                    f"key {key}: a {modality} embedding must be a floating [rows, hidden] tensor, got a"
+                    f" {tensor.dim()}-d {tensor.dtype} one"
                 )
         entry = _entry(tensor, None, modality, share=self.share_storage)
         # Rebuilt before the lock: a value that cannot be rebuilt is refused before

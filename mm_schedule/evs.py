@@ -48,7 +48,7 @@ from typing import Any
 
 from .cache import EmbeddingCache, EmbeddingResult, ForModality, storage_id
 from .context import StepContext
-from .encode import Encoder, as_encoder, move_features_to
+from .encode import Encoder, as_encoder, move_features_to, output_storages
 from .errors import (
     CachedEmbeddingError,
     CacheLayoutError,
@@ -311,11 +311,14 @@ def _cached(video: _PrunedVideo, lookup: Callable | None, expected: Expected) ->
         return None
 
 
-def _encoded(video: _PrunedVideo, encoder: Encoder, expected: Expected) -> _Resolved:
-    """The video encoded and validated (the step caches it once the whole step is valid)."""
+def _encoded(video: _PrunedVideo, encoder: Encoder, expected: Expected, written: set) -> _Resolved:
+    """The video encoded and validated (the step caches it once the whole step is valid).
+    ``written`` gets the memory the output came in before anything is checked: an invalid
+    output may still have overwritten an entry cached by reference."""
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
+    written.update(output_storages([(encoder, output)]))
     counts = video.frame_tokens(output)
     return _Resolved(video.rows_of(output, counts, expected), counts, False)
 
@@ -500,10 +503,7 @@ class _VideoStep:
         earlier = self.in_encoder_memory
         if earlier is not None:
             earlier.rows = earlier.rows.clone()
-        resolved = into[i] = _encoded(video, self.encoder, self.expected)
-        storage = storage_id(resolved.rows)
-        if storage is not None:
-            self.written.add(storage)
+        resolved = into[i] = _encoded(video, self.encoder, self.expected, self.written)
         if self.encoder.copy_outputs:
             resolved.rows = resolved.rows.clone()
         else:

@@ -211,12 +211,15 @@ def checked_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
     tensors = list(tensors)
     learn_cache_layouts(plan, cache, expected)
     written: set = set()  # memory the encoder calls wrote into, as returned (several calls only)
-    outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features, written=written)
+    outputs: list = []
     try:
+        outputs = encode_misses(plan, encoders, device=expected.device, move_features=move_features,
+                                written=written)
         encoded = check_outputs(plan, outputs, tensors, expected, written)
     except BaseException:
-        # An encoder reusing its buffer may have written over cached entries; the step
-        # stops before insert_many would notice, so they go here.
+        # An encoder reusing its buffer may have written over cached entries (also in a
+        # call before one that raised); the step stops before insert_many would notice,
+        # so they go here.
         if cache is not None:
             cache.discard_storages(written | output_storages(outputs))
         raise

@@ -358,6 +358,32 @@ def test_a_failed_step_leaves_no_entry_its_reusing_encoder_overwrote(backend):
 
 
 @STEP
+def test_an_encoder_call_that_raises_after_an_earlier_one_overwrote_an_entry(backend):
+    """A step of two calls: the first writes into the buffer item 1 is cached in, the second
+    raises. Item 1's entry lost its rows before anything could be checked: evicted."""
+    buffers = {}
+
+    def encoder(items):
+        if any(it.hash == 99 for it in items):
+            raise RuntimeError("encoder failed")
+        n = sum(e - s + 1 for it in items for s, e in it.offsets)
+        buffer = buffers.setdefault(n, torch.empty(n, HIDDEN))
+        buffer.copy_(torch.cat([truth(it.hash, e - s + 1) for it in items for s, e in it.offsets]))
+        return buffer
+
+    cache = EmbeddingCache(1 << 20)
+    context = StepContext(max_tokens_per_encoder_call=3)
+    embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoder, cache=cache, context=context)
+    with pytest.raises(RuntimeError, match="encoder failed"):
+        embed_chunk([RequestChunk(items=[image(2, 0, 3), image(99, 3, 3)], prefix=0, extend=6)], encoder,
+                    cache=cache, context=context)
+    assert cache.lookup(1) is None
+    got = embed_chunk([RequestChunk(items=[image(1, 0, 3)], prefix=0, extend=3)], encoder, cache=cache,
+                      context=context)
+    assert torch.equal(got.embedding, truth(1, 3))
+
+
+@STEP
 def test_copies_of_a_several_call_step_do_not_hide_an_entry_its_encoder_overwrote(backend):
     """Item 1 cached in buffer 0 of a ring of three; a step of four calls lands in buffers
     1, 2, 0, 1: the fourth overlaps the first, so outputs are copied from then on, and the

@@ -161,10 +161,13 @@ def test_a_value_of_a_modality_must_be_floating_point(dtype):
     every real output of it: refused at set/insert, nothing cached or learned."""
     cache = EmbeddingCache(1 << 20, hidden_sizes=4)
     tensor = torch.ones(3, 4).to(dtype)
-    with pytest.raises(CacheStateError, match=rf"key 1: a IMAGE embedding must be floating point, got {dtype}"):
+    with pytest.raises(CacheStateError, match=rf"key 1: a IMAGE embedding must be a floating \[rows, hidden\] tensor,"
+                                              rf" got a 2-d {dtype} one"):
         cache.set(1, ForModality(tensor, "IMAGE"))
-    with pytest.raises(CacheStateError, match="must be floating point"):
+    with pytest.raises(CacheStateError, match="must be a floating"):
         cache.insert(2, EmbeddingResult(embedding=tensor), modality="image")
+    with pytest.raises(CacheStateError, match=r"got a 1-d torch\.float32 one"):  # it would teach hidden 3
+        cache.set(4, ForModality(torch.randn(3), "IMAGE"))
     assert len(cache) == 0 and cache.layout_of("IMAGE") == (4, None)
     cache.set(3, ForModality(torch.randn(3, 4), "IMAGE"))
     assert cache.layout_of("IMAGE") == (4, torch.float32)

@@ -12,7 +12,12 @@ import torch
 
 import mm_schedule
 from mm_schedule import Encoder, MMItem, StepContext
-from mm_schedule.errors import CachedEmbeddingError, CacheLayoutError, EncoderOutputError
+from mm_schedule.errors import (
+    CachedEmbeddingError,
+    CacheLayoutError,
+    EmbeddingLengthMismatch,
+    EncoderOutputError,
+)
 from mm_schedule.evs import PRE_CHUNKED_KEY, EVSEmbeddingResult
 
 from .evs_inputs import HIDDEN, EVSEncoder, Prompt, layout, naive_step
@@ -287,3 +292,28 @@ def test_the_evs_path_never_serves_an_entry_of_an_unconfirmed_layout_change():
     calls = len(good.calls)
     _step(good, [b], [rest])
     assert len(good.calls) == calls + 1
+
+
+def test_a_refused_video_output_still_evicts_the_entry_it_overwrote():
+    """The encoder writes video Y into the buffer video X is cached in, and Y's output is
+    refused (its frame counts do not add up): X's entry lost its rows all the same."""
+    rng = random.Random(41)
+    x = Prompt(rng, h=610, frames=3)
+    y = _twin(x, 710)
+    _cache()
+    buffer = torch.empty_like(x.rows)
+    calls = []
+
+    def encoder(items):
+        p = {x.video.hash: x, y.video.hash: y}[items[0].hash]
+        calls.append(p.video.hash)
+        buffer.copy_(p.rows)
+        kept = list(p.kept) + ([1] if p is y else [])
+        return EVSEmbeddingResult(embedding=buffer, num_tokens_per_frame=kept)
+
+    whole = [(0, len(x.ids))]
+    _step(encoder, [x], whole)
+    with pytest.raises((EncoderOutputError, EmbeddingLengthMismatch)):
+        mm_schedule.get_embedding_and_mask(encoder, *layout([y], whole))
+    _step(encoder, [x], whole)
+    assert calls == [610, 710, 610]
