@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .cache import storage_id
 from .errors import InvalidItemError
 from .items import modality_name
 from .plan import StepPlan
@@ -125,7 +126,7 @@ class _CallOutputs:
         call = len(outputs) - 1
         self.items.append(items)
         encoder, output = outputs[call]
-        storages = _storages(output)
+        storages = written_memory(output)
         self.written.update(storages)
         if self.copying:
             outputs[call] = (encoder, _copied(output))
@@ -142,13 +143,14 @@ class _CallOutputs:
         for earlier in sorted(overwritten):
             again = outputs[earlier][0]
             output = again(self.items[earlier])
-            self.written.update(_storages(output))
+            self.written.update(written_memory(output))
             outputs[earlier] = (again, _copied(output))
 
 
-def output_storages(outputs: Sequence[tuple[Encoder, Any]]) -> set:
-    """The memory the encoder outputs of a step lie in (``storage_id`` values)."""
-    return set().union(*(_storages(output) for _, output in outputs))
+def written_memory(*outputs: Any) -> set:
+    """The memory the tensors of encoder outputs (a tensor, a list of them, or an object with
+    ``.embedding`` each) lie in, as ``storage_id`` values; none for tensors without data."""
+    return {s for output in outputs for s in map(storage_id, _tensors_of(output)) if s is not None}
 
 
 def _tensors_of(output: Any) -> list[Any]:
@@ -158,11 +160,6 @@ def _tensors_of(output: Any) -> list[Any]:
         return [t for t in output if isinstance(t, torch.Tensor)]
     embedding = getattr(output, "embedding", None)
     return [embedding] if isinstance(embedding, torch.Tensor) else []
-
-
-def _storages(output: Any) -> set:
-    """The memory an encoder output's tensors live in (none for tensors without data)."""
-    return {(t.device, t.untyped_storage().data_ptr()) for t in _tensors_of(output) if not t.is_meta}
 
 
 def _copied(output: Any) -> Any:

@@ -48,7 +48,7 @@ from typing import Any
 
 from .cache import EmbeddingCache, EmbeddingResult, ForModality, storage_id
 from .context import StepContext
-from .encode import Encoder, as_encoder, move_features_to, output_storages
+from .encode import Encoder, as_encoder, move_features_to, written_memory
 from .errors import (
     CachedEmbeddingError,
     CacheLayoutError,
@@ -318,7 +318,7 @@ def _encoded(video: _PrunedVideo, encoder: Encoder, expected: Expected, written:
     if encoder.move_features and expected.device is not None:
         move_features_to([video.item], expected.device)
     output = encoder([video.item])
-    written.update(output_storages([(encoder, output)]))
+    written.update(written_memory(output))
     counts = video.frame_tokens(output)
     return _Resolved(video.rows_of(output, counts, expected), counts, False)
 

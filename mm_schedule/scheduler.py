@@ -38,7 +38,7 @@ import torch
 from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_table
 from .cache import EmbeddingCache
 from .context import StepContext
-from .encode import Encoders, encode_misses, output_storages
+from .encode import Encoders, encode_misses, written_memory
 from .errors import CachedEmbeddingError, CacheLayoutError, InvalidItemError, KernelInputError
 from .items import as_index
 from .kernels.segment_copy.contract import first_overlap
@@ -192,7 +192,7 @@ def prepare_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
         # Refused (another layout), so insert_many never looked for entries these outputs
         # overwrote in a reused buffer: they go now.
         if cache is not None and encoded:
-            cache.discard_storages(output_storages([(None, [tensors[s] for s in encoded])]))
+            cache.discard_storages(written_memory([tensors[s] for s in encoded]))
         raise
     return tensors
 
@@ -221,7 +221,7 @@ def checked_rows(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | Non
         # call before one that raised); the step stops before insert_many would notice,
         # so they go here.
         if cache is not None:
-            cache.discard_storages(written | output_storages(outputs))
+            cache.discard_storages(written | written_memory(*(output for _, output in outputs)))
         raise
     if written and cache is not None:
         cache.discard_storages(written)  # copies of the outputs are cached, not that memory

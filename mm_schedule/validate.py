@@ -215,13 +215,8 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
     encoded = []
     hit_storages = _hit_storages(plan)
     if written and hit_storages and not written.isdisjoint(hit_storages):
-        hit = hit_storages[next(s for s in hit_storages if s in written)]
-        expected.evict.append(plan.keys[hit])
-        raise CachedEmbeddingError(
-            f"{_labels(plan, [hit])}: one of this step's encoder calls wrote its output into the storage of this"
-            " cached embedding (the encoder reuses its output buffer), so the entry no longer holds its rows; it was"
-            " evicted and will be encoded again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
-        )
+        _overwritten_hit(plan, hit_storages[next(s for s in hit_storages if s in written)],
+                         "the output of one of this step's encoder calls", expected)
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
         item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]
@@ -260,7 +255,8 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
             if known is not None:
                 _check_known(plan, s, piece, known, expected.sources.get(plan.modalities[s], ""))
             if hit_storages and storage_id(piece) in hit_storages:
-                _overwritten_hit(plan, s, piece, hit_storages, expected)
+                _overwritten_hit(plan, hit_storages[storage_id(piece)], f"the encoder's output for {_labels(plan, [s])}",
+                                 expected)
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = plain_rows(piece)
@@ -283,13 +279,13 @@ def _hit_storages(plan: StepPlan) -> dict:
             if kind is HIT and not t.is_meta}
 
 
-def _overwritten_hit(plan: StepPlan, s: int, piece: Any, hit_storages: dict, expected: Expected) -> None:
-    hit = hit_storages[storage_id(piece)]
+def _overwritten_hit(plan: StepPlan, hit: int, writer: str, expected: Expected) -> None:
+    """Hit source ``hit`` lost its rows to an encoder output (``writer`` says whose): evicted, refused."""
     expected.evict.append(plan.keys[hit])
     raise CachedEmbeddingError(
-        f"{_labels(plan, [hit])}: the encoder's output for {_labels(plan, [s])} was written into the storage of"
-        " this cached embedding (the encoder reuses its output buffer), so the entry no longer holds its rows;"
-        " it was evicted and will be encoded again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
+        f"{_labels(plan, [hit])}: {writer} was written into the storage of this cached embedding (the encoder"
+        " reuses its output buffer), so the entry no longer holds its rows; it was evicted and will be encoded"
+        " again. Wrap the encoder as Encoder(fn, copy_outputs=True)"
     )
 
 

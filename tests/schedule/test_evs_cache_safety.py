@@ -130,18 +130,24 @@ def test_two_videos_of_one_step_disagreeing_on_dtype_cache_nothing():
 
 
 class BufferEncoder:
-    """Writes every call's rows into one buffer and returns that buffer."""
+    """Writes each call's rows into the next of ``buffers`` buffers, in turn (one: the same
+    buffer every call), and returns it. A video in ``refuse`` gets one frame count too many,
+    so its output is refused after the rows were written."""
 
-    def __init__(self, prompts):
+    def __init__(self, prompts, buffers: int = 1, refuse: tuple = ()):
         self.by_hash = {p.video.hash: p for p in prompts}
-        self.buffer = torch.empty_like(prompts[0].rows)
+        self.ring = [torch.empty_like(prompts[0].rows) for _ in range(buffers)]
+        self.buffer = self.ring[0]
+        self.refuse = {p.video.hash for p in refuse}
         self.calls = []
 
     def __call__(self, items):
         p = self.by_hash[items[0].hash]
+        buffer = self.ring[len(self.calls) % len(self.ring)]
         self.calls.append(p.video.hash)
-        self.buffer.copy_(p.rows)
-        return EVSEmbeddingResult(embedding=self.buffer, num_tokens_per_frame=list(p.kept))
+        buffer.copy_(p.rows)
+        kept = list(p.kept) + ([1] if p.video.hash in self.refuse else [])
+        return EVSEmbeddingResult(embedding=buffer, num_tokens_per_frame=kept)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -239,22 +245,6 @@ def test_returned_rows_are_the_callers_own_memory(seed):
     assert sum(1 for c in encoder.calls if c == [p.video.hash]) == 1
 
 
-class RingEncoder:
-    """An EVS encoder writing each call into the next of ``n`` buffers, in turn."""
-
-    def __init__(self, prompts, n):
-        self.by_hash = {p.video.hash: p for p in prompts}
-        self.ring = [torch.empty_like(prompts[0].rows) for _ in range(n)]
-        self.calls = []
-
-    def __call__(self, items):
-        p = self.by_hash[items[0].hash]
-        buffer = self.ring[len(self.calls) % len(self.ring)]
-        self.calls.append(p.video.hash)
-        buffer.copy_(p.rows)
-        return EVSEmbeddingResult(embedding=buffer, num_tokens_per_frame=list(p.kept))
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_a_ring_of_buffers_never_serves_a_video_another_one_overwrote(seed):
     """Video X is cached in buffer 0; a step encodes Y, Z, W into buffers 1, 0, 1: Z wrote
@@ -263,7 +253,7 @@ def test_a_ring_of_buffers_never_serves_a_video_another_one_overwrote(seed):
     x = Prompt(rng, h=600 + seed, frames=rng.randint(2, 4))
     y, z, w = _twin(x, 700 + seed), _twin(x, 800 + seed), _twin(x, 900 + seed)
     _cache()
-    encoder = RingEncoder([x, y, z, w], 2)
+    encoder = BufferEncoder([x, y, z, w], buffers=2)
     whole = (0, len(x.ids))
     _step(encoder, [x], [whole])
     _step(encoder, [y, z, w], [whole] * 3)
@@ -301,19 +291,10 @@ def test_a_refused_video_output_still_evicts_the_entry_it_overwrote():
     x = Prompt(rng, h=610, frames=3)
     y = _twin(x, 710)
     _cache()
-    buffer = torch.empty_like(x.rows)
-    calls = []
-
-    def encoder(items):
-        p = {x.video.hash: x, y.video.hash: y}[items[0].hash]
-        calls.append(p.video.hash)
-        buffer.copy_(p.rows)
-        kept = list(p.kept) + ([1] if p is y else [])
-        return EVSEmbeddingResult(embedding=buffer, num_tokens_per_frame=kept)
-
+    encoder = BufferEncoder([x, y], refuse=(y,))
     whole = [(0, len(x.ids))]
     _step(encoder, [x], whole)
     with pytest.raises((EncoderOutputError, EmbeddingLengthMismatch)):
         mm_schedule.get_embedding_and_mask(encoder, *layout([y], whole))
     _step(encoder, [x], whole)
-    assert calls == [610, 710, 610]
+    assert encoder.calls == [610, 710, 610]
