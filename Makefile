@@ -26,10 +26,13 @@ STACK2_PYTHON ?= $(shell for p in python3.12 "$$(pyenv prefix "$$(pyenv latest 3
                    "$$p" -c "" 2>/dev/null && { echo "$$p"; break; }; done)
 STACK2_PINS   := torch==2.11.0 triton==3.6.0 numpy==2.4.6 transformers==5.25.0 kernels==0.19.1 $(TEST_PINS)
 
+# The optional C helpers setup.py builds: an edit to one reinstalls, so it is rebuilt.
+C_SOURCES := mm_schedule/_placeholder_set.c mm_schedule/_cache_hits.c mm_schedule/plan/_flat_columns.c \
+             kernels/segment_copy/_stream_copy.c
+
 .PHONY: setup setup-stack2 demo demo-checks test test-stack2 lint bench bench-sglang clean bench-sglang-host bench-vllm
 
-$(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c mm_schedule/plan/_flat_columns.c \
-          kernels/segment_copy/_stream_copy.c
+$(STAMP): pyproject.toml setup.py Makefile $(C_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH)
@@ -39,8 +42,7 @@ $(STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c mm_sch
 
 setup: $(STAMP)
 
-$(STACK2_STAMP): pyproject.toml setup.py Makefile mm_schedule/_placeholder_set.c mm_schedule/plan/_flat_columns.c \
-                 kernels/segment_copy/_stream_copy.c
+$(STACK2_STAMP): pyproject.toml setup.py Makefile $(C_SOURCES)
 	@test -n "$(STACK2_PYTHON)" || { echo "make test-stack2 needs python3.12 or python3.11"; exit 1; }
 	$(STACK2_PYTHON) -m venv $(STACK2_VENV)
 	$(STACK2_BIN)/python -m pip install -q --upgrade pip

@@ -10,6 +10,8 @@ from setuptools import Extension, setup
 EXTENSIONS = [
     # placeholder-token membership for the SGLang-compatible mask, in one pass
     Extension("mm_schedule._placeholder_set", ["mm_schedule/_placeholder_set.c"], optional=True),
+    # the embedding cache's lookup of a step whose every key is cached
+    Extension("mm_schedule._cache_hits", ["mm_schedule/_cache_hits.c"], optional=True),
     # the flat planner's pass over a step's items
     Extension("mm_schedule.plan._flat_columns", ["mm_schedule/plan/_flat_columns.c"], optional=True),
     # a step's row copies in one call (streaming stores for large destinations)

@@ -164,12 +164,15 @@ def build_batch(n_items: int, *, seed: int = 0, chunk: int | None = None, prefix
             end = start + TOKENS_PER_IMAGE - 1
             h = hashes[r * IMAGES_PER_REQUEST + k]
             pad = 1_000_000 + h % 2**30  # SGLang's pad value for hash h
+            span = (start, end)
             item = BenchItem(
-                hash=h, offsets=[(start, end)], pad_value=pad,
+                hash=h, offsets=[span], pad_value=pad,
                 feature=torch.randn(TOKENS_PER_IMAGE, HIDDEN, generator=gen),
             )
             row_ids[start : end + 1] = pad
-            spans.append((start, end))
+            # items_offset_list holds the items' own span tuples, as SGLang's embed_mm_inputs
+            # builds it (flatten_nested_list of each item's offsets).
+            spans.append(span)
             mine.append(item)
         items += mine
         items_size.append(len(items))

@@ -10,6 +10,7 @@ import torch
 from .kernels.segment_copy.host_copy import append_whole_sources
 from .kernels.segment_copy.trusted import copy_segments
 from .plan import StepPlan
+from .plan.columns import counting
 
 
 class SegmentTable:
@@ -49,7 +50,7 @@ def _whole_sources(plan: StepPlan) -> bool:
     n = len(plan.rows)
     seg_source = plan.seg_source
     return len(seg_source) == n and plan.n_rows == sum(plan.rows) and (
-        seg_source if type(seg_source) is list else list(seg_source)) == list(range(n))
+        seg_source if type(seg_source) is list else list(seg_source)) == counting(n)
 
 
 def packed_table(plan: StepPlan) -> SegmentTable:

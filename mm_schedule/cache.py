@@ -69,6 +69,11 @@ from .errors import CacheConfigError, CacheLayoutError, CacheStateError
 from .items import modality_name
 from .keys import combine_hashes
 
+try:
+    from ._cache_hits import all_hits as _all_hits
+except ImportError:  # installed without a C compiler: the Python passes answer alone
+    _all_hits = None
+
 log = logging.getLogger(__name__)
 
 # An entry: (2-D tensor, rows, charged bytes, the value given to the SGLang-style ``set``
@@ -294,18 +299,12 @@ class EmbeddingCache:
         source a hit without reading the list again)."""
         with self._lock:
             entries = self._entries
-            found = list(map(entries.get, keys))
-            # Every key cached with the expected rows (the steady state): each pass runs in C.
-            # A key not cached (None) stops the row count pass: no separate scan for None.
-            try:
-                counts = list(map(_row_count, found))
-            except TypeError:
-                counts = None
-            if counts is not None and counts == (rows if type(rows) is list else list(rows)) \
-                    and not self._provisional:
+            steady = self._steady_hits(keys, rows) if not self._provisional else None
+            if steady is not None:
                 deque(map(entries.move_to_end, keys), maxlen=0)
-                self._hits += len(found)
-                return list(map(_tensor_of, found)), self._layout(), True
+                self._hits += len(steady)
+                return steady, self._layout(), True
+            found = list(map(entries.get, keys))
             if found == [None] * len(found):  # nothing cached (a cold step): no entry to check
                 self._misses += len(found)
                 return found, self._layout(), not found
@@ -335,6 +334,22 @@ class EmbeddingCache:
             self._hits += hits
             self._misses += len(out) - hits
             return out, self._layout(), hits == len(out)
+
+    def _steady_hits(self, keys: Sequence[int], rows: Sequence[int]) -> list[Any] | None:
+        """The tensors of ``keys`` when every key is cached with the expected rows (the
+        steady state), else None; changes nothing (the caller's loop handles the rest)."""
+        entries = self._entries
+        if _all_hits is not None and type(keys) is list and type(rows) is list:
+            return _all_hits(entries, keys, rows, _TENSOR, _ROWS)
+        # Each pass runs in C; a key not cached (None) stops the row count pass.
+        found = list(map(entries.get, keys))
+        try:
+            counts = list(map(_row_count, found))
+        except TypeError:
+            return None
+        if counts != (rows if type(rows) is list else list(rows)):
+            return None
+        return list(map(_tensor_of, found))
 
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None

@@ -24,7 +24,13 @@ def acknowledge_deferred_ipc(items: Sequence[Any], parallel: ParallelContext) ->
     """Release lazily reconstructed CUDA-IPC features of items whose embedding came
     from the cache, so the sender's pool slot is freed although the encoder never
     read it. Exactly one rank (attention-TP rank 0) acknowledges, on behalf of all
-    ``tp_size`` consumers, as SGLang's transport expects."""
+    ``tp_size`` consumers, as SGLang's transport expects.
+
+    Opt-in (``StepContext(on_cache_hit=acknowledge_deferred_ipc)``): a released slot may be
+    reused by the sender, so an item whose entry is evicted before a later chunk of its
+    request would be encoded from another image's bytes. SGLang's batched per-image path
+    never acknowledges hits, and from 0.5.22 no path does (the leases last until request
+    cleanup, which releases every item's feature)."""
     if parallel.attn_tp_rank != 0:
         return
     consumers = max(parallel.tp_size, 1)
@@ -51,7 +57,9 @@ class StepContext:
 
     parallel: ParallelContext = ParallelContext()
     # Called once per successful step with every request's item served from the cache.
-    on_cache_hit: AckHook | None = acknowledge_deferred_ipc
+    # None: hits keep their transport leases until the engine releases the request
+    # (see acknowledge_deferred_ipc for why that is the safe default).
+    on_cache_hit: AckHook | None = None
     # Upper bound on placeholder tokens per encoder call; None = one call per modality.
     max_tokens_per_encoder_call: int | None = None
     # A torch.distributed process group whose ranks schedule this same step (an

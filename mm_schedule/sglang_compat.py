@@ -5,7 +5,9 @@ of SGLang 0.5.19, so an engine can import these instead. Differences, all on bad
 a row-count mismatch raises ``EmbeddingLengthMismatch`` instead of cropping (also when
 ``input_ids`` holds another number of placeholder tokens than there are rows),
 malformed items raise ``InvalidItemError``, bad encoder outputs ``EncoderOutputError``.
-Cross-request batching is used on every backend, ROCm included.
+Cross-request batching is used on every backend, ROCm included. Cache hits are not
+acknowledged to the CUDA-IPC transport (as on SGLang's batched per-image path, and on
+every path from 0.5.22), unless the step context asks for it (``StepContext.on_cache_hit``).
 
 Encoders: a bare callable gets SGLang's treatment, its miss items' features moved to
 ``input_ids``' device first (replacing ``item.feature``); wrap it as

@@ -125,6 +125,23 @@ static PyObject *element(PyObject *seq, Py_ssize_t r) {
     return value;
 }
 
+/* The int i as a new reference, from a list of 0, 1, 2, ... kept for the process: a step's
+ * source numbers then allocate (and later free) no int each. Only this module's calls grow
+ * it, with the GIL held and no Python code run meanwhile. */
+static PyObject *counting = NULL;
+
+static PyObject *index_object(Py_ssize_t i) {
+    if (counting == NULL && (counting = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    while (PyList_GET_SIZE(counting) <= i) {
+        if (append_new(counting, PyLong_FromSsize_t(PyList_GET_SIZE(counting))) < 0) {
+            return NULL;
+        }
+    }
+    return Py_NewRef(PyList_GET_ITEM(counting, i));
+}
+
 enum { OK = 0, GIVE_UP = 1, FAILED = -1 };
 
 typedef struct {
@@ -197,13 +214,18 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
     /* s_obj and e_obj are borrowed from the item's span, which the Python code below may
      * replace: from here on only the C copies s and e are used. */
     if (given != Py_None) {
+        Py_INCREF(span); /* held: reading ``given`` may run code that drops it from the item */
         PyObject *g = element(given, *k);
+        int same = g == span && PyTuple_CheckExact(span); /* a tuple: nothing can have changed its ends */
+        Py_DECREF(span);
         if (g == NULL) {
             goto done;
         }
         PyObject *gs, *ge;
         int differs = 1;
-        if (span_pair(g, &gs, &ge)) {
+        if (same) {
+            differs = 0; /* the item's own span object, as SGLang's flattened offsets hold it */
+        } else if (span_pair(g, &gs, &ge)) {
             Py_INCREF(gs);
             Py_INCREF(ge);
             differs = compare_end(gs, s);
@@ -248,7 +270,7 @@ static int plan_item(Columns *c, PyObject *item, Py_ssize_t r, PyObject *given, 
     int whole = s >= prefix && e < end;
     /* One probe finds the hash's source or makes it the next one: keys are exact ints, whose
      * hashing and comparison run no code of the caller's. */
-    PyObject *next = PyLong_FromSsize_t(c->n_sources);
+    PyObject *next = index_object(c->n_sources);
     if (next == NULL) {
         goto done;
     }

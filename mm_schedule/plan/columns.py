@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from ..errors import InvalidItemError
@@ -219,6 +220,60 @@ class StepPlan(NamedTuple):
     @property
     def hit_keys(self) -> list[int]:
         return [k for k, kind in zip(self.keys, self.kinds) if kind is HIT]
+
+
+class RunningRows(Sequence):
+    """A plan's ``seg_packed_row`` when the segments fill the packed layout in order: each
+    segment's first row, the running sum of ``seg_rows``, computed the first time it is read.
+    The usual all-cached step concatenates its sources and never reads it, so it pays no
+    int per segment."""
+
+    __slots__ = ("_rows", "_values")
+
+    def __init__(self, rows: Sequence[int]) -> None:
+        self._rows = rows
+        self._values: list[int] | None = None
+
+    def _list(self) -> list[int]:
+        values = self._values
+        if values is None:
+            values = list(accumulate(self._rows, initial=0))
+            values.pop()
+            self._values = values  # two threads may both compute it: the same values
+        return values
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, index):
+        return self._list()[index]
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RunningRows):
+            other = other._list()
+        return self._list() == other if isinstance(other, list) else NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+
+def counting(n: int) -> list[int]:
+    """``list(range(n))`` made of int objects shared by every plan: a large step's index
+    columns allocate (and later free) no int per source."""
+    global _COUNTING
+    shared = _COUNTING
+    if len(shared) < n:
+        # Replaced, never extended in place: a thread reading the old list still reads 0, 1, ...
+        shared = _COUNTING = list(range(max(n, 2 * len(shared))))
+    return shared[:n]
+
+
+_COUNTING: list[int] = list(range(1024))
 
 
 def _only(kinds: Sequence[SourceKind], kind: SourceKind) -> bool:

@@ -19,7 +19,7 @@ from itertools import accumulate
 from ..items import KNOWN_MODALITIES as names
 from ..items import modality_name
 from ..keys import item_key
-from .columns import MISS, StepPlan
+from .columns import MISS, RunningRows, StepPlan, counting
 
 try:
     from ._flat_columns import flat_columns as _flat_columns_c
@@ -171,9 +171,12 @@ def plan_from_columns(columns: tuple, budget) -> StepPlan:
     if odd:
         seg_source, seg_src_row, seg_rows, seg_item = _segment_columns(len(seg_token_row), odd, rows, first_items)
     else:
-        seg_source, seg_src_row, seg_rows, seg_item = list(range(len(keys))), [0] * len(keys), rows, first_items
-    seg_packed_row = list(accumulate(seg_rows, initial=0))
-    packed = seg_packed_row.pop()
+        seg_source, seg_src_row, seg_rows, seg_item = counting(len(keys)), [0] * len(keys), rows, first_items
+    if odd:
+        seg_packed_row = list(accumulate(seg_rows, initial=0))
+        packed = seg_packed_row.pop()
+    else:
+        seg_packed_row, packed = RunningRows(seg_rows), sum(seg_rows)
     return StepPlan(
         [MISS] * len(keys), keys, rows, requests, modalities, [None] * len(keys), first_items, {},
         seg_source, seg_src_row, seg_rows, seg_packed_row, seg_token_row, seg_request,

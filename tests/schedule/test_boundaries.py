@@ -20,6 +20,7 @@ from mm_schedule import (
     MMItem,
     RequestChunk,
     StepContext,
+    acknowledge_deferred_ipc,
     embed_chunk,
     get_embedding_and_mask,
     item_key,
@@ -248,8 +249,9 @@ class AckItem(MMItem):
 @STEP
 def test_hits_are_acknowledged_once_per_successful_step(backend):
     cache = EmbeddingCache(1 << 20)
+    ctx = StepContext(on_cache_hit=acknowledge_deferred_ipc)
     hit = AckItem(hash=70, offsets=[(0, 1)], feature=torch.zeros(1))
-    embed_chunk([RequestChunk(items=[hit], prefix=0, extend=2)], CountingEncoder(), cache=cache)
+    embed_chunk([RequestChunk(items=[hit], prefix=0, extend=2)], CountingEncoder(), cache=cache, context=ctx)
     assert hit.acks == []
     miss = MMItem(hash=71, offsets=[(3, 4)], feature=torch.zeros(1))
     req = RequestChunk(items=[hit, miss], prefix=0, extend=5)
@@ -258,10 +260,33 @@ def test_hits_are_acknowledged_once_per_successful_step(backend):
         raise RuntimeError("encoder crashed")
 
     with pytest.raises(RuntimeError, match="crashed"):
-        embed_chunk([req], failing, cache=cache)
+        embed_chunk([req], failing, cache=cache, context=ctx)
     assert hit.acks == []  # the step failed: it will be retried and acknowledge then
-    embed_chunk([req], CountingEncoder(), cache=cache)
+    embed_chunk([req], CountingEncoder(), cache=cache, context=ctx)
     assert hit.acks == [1]
+
+
+@STEP
+def test_hits_keep_their_transport_leases_by_default(backend):
+    """Without a hook nothing is acknowledged, on the explicit API and the drop-in alike,
+    a multi-span item's hit included: a released slot could be reused by the sender while
+    a later chunk still has to encode the item again (its entry evicted meanwhile)."""
+    cache = EmbeddingCache(1 << 20)
+    image_item = AckItem(hash=72, offsets=[(0, 1)], feature=torch.zeros(1))
+    video = AckItem(hash=73, offsets=[(3, 4), (6, 7)], feature=torch.zeros(1), modality="VIDEO")
+    req = RequestChunk(items=[image_item, video], prefix=0, extend=8)
+    for _ in range(2):
+        embed_chunk([req], CountingEncoder(), cache=cache)
+    assert image_item.acks == [] and video.acks == []
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    mm_schedule.set_step_context(StepContext())
+    ids = torch.tensor([900, 900, 5, 901, 901, 5, 901, 901])
+    for _ in range(2):
+        for items, pad in (([image_item], 900), ([video], 901)):
+            rows, mask, _ = mm_schedule.get_embedding_and_mask(
+                CountingEncoder(), items, torch.tensor([pad]), ids, [0, 1], [0], [8], [list(items[0].offsets)])
+            assert rows.shape[0] == int(mask.sum())
+    assert image_item.acks == [] and video.acks == []
 
 
 @STEP

@@ -1,7 +1,10 @@
+import random
+
 import pytest
 import torch
 
 from mm_schedule import EmbeddingCache, EmbeddingResult, combine_hashes
+from mm_schedule import cache as cache_module
 from mm_schedule.cache import _entry, storage_id
 from mm_schedule.errors import CacheConfigError, CacheLayoutError
 
@@ -285,3 +288,67 @@ def test_lookup_all_says_whether_every_key_was_found(keys, want_rows, every):
     found, _, all_found = cache.lookup_all(list(keys), list(want_rows))
     assert all_found is every
     assert all_found == all(t is not None for t in found)
+
+
+def _lookup_all_with(c_pass, keys, want_rows, held, monkeypatch):
+    cache = EmbeddingCache(1 << 20)
+    for k, n in held.items():
+        cache.insert(k, rows(n, float(k)))
+    with monkeypatch.context() as patch:
+        patch.setattr(cache_module, "_all_hits", c_pass)
+        found, _, every = cache.lookup_all(keys, want_rows)
+    s = cache.stats()
+    return ([None if t is None else t.tolist() for t in found], every, (s.hits, s.misses, s.entries),
+            list(cache._entries))
+
+
+@pytest.mark.skipif(cache_module._all_hits is None, reason="installed without the C helper")
+@pytest.mark.parametrize("seed", range(40))
+def test_the_steady_state_lookup_answers_as_the_python_passes_do(seed, monkeypatch):
+    """Every key held with its rows, one missing, rows that differ (also by type: a bool, a
+    float, a big int), a key that is not an int, lists of other lengths: a lookup
+    with the C pass returns the same tensors, stats and recency order as without it."""
+    gen = random.Random(seed)
+    held = {k: gen.randint(1, 3) for k in gen.sample(range(1, 40), 12)}
+    keys = gen.sample(sorted(held), gen.randint(1, len(held)))
+    want = [held[k] for k in keys]
+    case = seed % 7
+    i = gen.randrange(len(keys))
+    if case == 1:
+        keys[i] = 99  # not cached
+    elif case == 2:
+        want[i] += 1
+    elif case == 3:
+        want[i] = gen.choice([float(want[i]), want[i] == 1, 2**70])
+    elif case == 4:
+        keys[i] = str(keys[i])
+    elif case == 5:
+        want = want[:-1]
+    elif case == 6:
+        want.append(1)
+    c_side = _lookup_all_with(cache_module._all_hits, keys, want, held, monkeypatch)
+    assert c_side == _lookup_all_with(None, keys, want, held, monkeypatch), (case, keys, want)
+    if case == 0:
+        assert c_side[1] is True
+
+
+@pytest.mark.skipif(cache_module._all_hits is None, reason="installed without the C helper")
+def test_the_steady_state_lookup_survives_a_key_that_empties_the_cache():
+    """A key of another type sharing a bucket runs Python code mid-lookup (its __eq__):
+    here it empties the dictionary; the C pass answers None without touching freed memory."""
+    armed = False
+
+    class Evil:
+        def __hash__(self):
+            return 5
+
+        def __eq__(self, other):
+            if armed:
+                entries.clear()
+            return False
+
+    entries = {Evil(): ("not", "an", "entry"), 5: (rows(1), 1)}
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], 0, 1) is not None
+    armed = True
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], 0, 1) is None
+    assert entries == {}

@@ -15,6 +15,7 @@ from mm_schedule import (
     PerImageRequestInfo,
     RequestChunk,
     StepContext,
+    acknowledge_deferred_ipc,
     embed_chunk,
     merge_chunk,
     plan_step,
@@ -60,7 +61,8 @@ class AckItem(MMItem):
 @pytest.mark.parametrize(("rank", "expected"), [(0, [4]), (1, [])])
 def test_cache_hits_are_acknowledged_by_rank_zero_only(rank, expected):
     cache = EmbeddingCache(1 << 20)
-    ctx = StepContext(parallel=ParallelContext(attn_tp_rank=rank, attn_tp_size=2, tp_size=4))
+    ctx = StepContext(parallel=ParallelContext(attn_tp_rank=rank, attn_tp_size=2, tp_size=4),
+                      on_cache_hit=acknowledge_deferred_ipc)
     item = AckItem(hash=3, offsets=[(0, 5)], feature=torch.zeros(1))
     embed_chunk([RequestChunk(items=[item], prefix=0, extend=3)], CountingEncoder(), cache=cache, context=ctx)
     assert item.acks == []  # a miss: the encoder consumed the feature

@@ -76,7 +76,9 @@ def random_step(rng: random.Random, *, odd_inputs: bool):
                                 feature=torch.zeros(1)))
             pos += length + rng.randint(0, 2)
         prefix, extend = rng.randint(0, 8), rng.randint(-1, 12)
-        given = [tuple(it.offsets[0]) for it in items] if rng.random() < 0.5 else None
+        # The item's own span object (as SGLang's flattened offsets hold it) or an equal copy.
+        given = [rng.choice([it.offsets[0], tuple(list(it.offsets[0]))]) for it in items] \
+            if rng.random() < 0.5 else None
         row = None if rng.random() < 0.6 else base + rng.randint(0, 3)
         base += max(extend, 0) + 3
         if odd_inputs and items and rng.random() < 0.5:

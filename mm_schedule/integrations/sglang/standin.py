@@ -22,6 +22,7 @@ Where mm_schedule departs from SGLang on purpose, ``differences`` has the switch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import types
@@ -798,13 +799,21 @@ def _acknowledging_context(embedding_items, items_size) -> _core.StepContext:
     of requests served whole from the cache (those with a multi-span item), and only
     until 0.5.22; hits of the batched per-image path never are."""
     context = _step_context()
-    if not _profile.has("_acknowledge_deferred_cuda_ipc_cache_hits") or context.on_cache_hit is None:
+    if not _profile.has("_acknowledge_deferred_cuda_ipc_cache_hits"):
         return _core.without_hit_acknowledgement(context)
     whole = {id(item) for request in _requests(embedding_items, items_size)
              if any(len(item.offsets) > 1 for item in request) for item in request}
     if not whole:
         return _core.without_hit_acknowledgement(context)
+    if context.on_cache_hit is None:
+        # The release acknowledges these hits whatever the engine's hook (its own tests
+        # replace the module's helper to stop it): so does its stand-in.
+        context = dataclasses.replace(context, on_cache_hit=_release_acknowledgement)
     return _core.acknowledging_only(context, whole)
+
+
+def _release_acknowledgement(items, parallel) -> None:
+    _acknowledge_deferred_cuda_ipc_cache_hits(items)
 
 
 def _requests(embedding_items, items_size):

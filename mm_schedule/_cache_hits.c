@@ -1,0 +1,110 @@
+/* The embedding cache's steady-state lookup (mm_schedule/cache.py, EmbeddingCache.lookup_all), in C.
+ *
+ * A step whose thousand items are all cached spends its lookup in per-key passes over the
+ * keys: fetch every entry, read its row count, compare the counts with the plan's, read its
+ * tensor. As separate C-level passes (map, list comparison) that is four walks over entries
+ * that have gone cold in the CPU's caches since the last step; this is one. It answers only
+ * the steady state: every key held, each entry a tuple with the expected rows. Anything else
+ * returns None and the cache's Python loop decides key by key (misses, mismatched rows,
+ * discards), so this function never changes the cache.
+ *
+ * The keys are the plan's exact ints; an entry is held strongly from the moment it is found,
+ * because comparing keys of one dictionary bucket may run Python code (a key of another type
+ * with its own __eq__) that could drop it.
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* 1 when obj is an exact int equal to want (also exact); 0 otherwise. Runs no Python code. */
+static int same_int(PyObject *obj, PyObject *want) {
+    if (obj == want) {
+        return 1;
+    }
+    if (!PyLong_CheckExact(obj) || !PyLong_CheckExact(want)) {
+        return 0;
+    }
+    int overflow_a = 0, overflow_b = 0;
+    long long a = PyLong_AsLongLongAndOverflow(obj, &overflow_a);
+    long long b = PyLong_AsLongLongAndOverflow(want, &overflow_b);
+    return !overflow_a && !overflow_b && a == b && !(a == -1 && PyErr_Occurred());
+}
+
+static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "all_hits(entries, keys, rows, tensor_index, rows_index) takes 5 arguments,"
+                     " got %zd", nargs);
+        return NULL;
+    }
+    PyObject *entries = args[0], *keys = args[1], *rows = args[2];
+    if (!PyDict_Check(entries) || !PyList_CheckExact(keys) || !PyList_CheckExact(rows)) {
+        PyErr_SetString(PyExc_TypeError, "all_hits: entries must be a dict, keys and rows lists");
+        return NULL;
+    }
+    Py_ssize_t tensor_index = PyLong_AsSsize_t(args[3]), rows_index = PyLong_AsSsize_t(args[4]);
+    if ((tensor_index == -1 || rows_index == -1) && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (tensor_index < 0 || rows_index < 0) {
+        PyErr_SetString(PyExc_ValueError, "all_hits: indices must be non-negative");
+        return NULL;
+    }
+    Py_ssize_t needed = (tensor_index > rows_index ? tensor_index : rows_index) + 1;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(rows) != n) {
+        Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* Re-read every time: the lists are the caller's, and a key comparison may run code. */
+        if (i >= PyList_GET_SIZE(keys) || i >= PyList_GET_SIZE(rows)) {
+            goto not_steady;
+        }
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyLong_CheckExact(key)) {
+            goto not_steady;
+        }
+        Py_INCREF(key);
+        PyObject *entry = PyDict_GetItemWithError(entries, key);
+        Py_DECREF(key);
+        if (entry == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(out);
+                return NULL;
+            }
+            goto not_steady;
+        }
+        Py_INCREF(entry);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < needed || i >= PyList_GET_SIZE(rows)
+            || !same_int(PyTuple_GET_ITEM(entry, rows_index), PyList_GET_ITEM(rows, i))) {
+            Py_DECREF(entry);
+            goto not_steady;
+        }
+        PyList_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(entry, tensor_index)));
+        Py_DECREF(entry);
+    }
+    return out;
+not_steady:
+    Py_DECREF(out); /* unset slots are NULL, which list deallocation skips */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"all_hits", (PyCFunction)(void (*)(void))all_hits, METH_FASTCALL,
+     "all_hits(entries, keys, rows, tensor_index, rows_index)\n\n"
+     "[entries[k][tensor_index] for k in keys] when every key is an int held in entries by a tuple whose\n"
+     "entry[rows_index] equals rows[i]; None otherwise (the caller then looks the keys up one by one)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_cache_hits", "The embedding cache's steady-state lookup (see cache.py).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__cache_hits(void) {
+    return PyModule_Create(&module);
+}
