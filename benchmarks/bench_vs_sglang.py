@@ -69,6 +69,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import mm_schedule
 from mm_schedule import EmbeddingCache, MMItem, RequestChunk
+from mm_schedule.placeholders import checked_mask
 
 # A sibling file; the folder is on the path when this runs as a script, not when a test loads it.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -387,6 +388,32 @@ def count_operators(sides: list[Side], batch: Batch, *, miss: bool) -> dict[str,
             side.step(batch, CheapEncoder())
         counts[side.name] = mode.count
     return counts
+
+
+def mask_alone(release, runs: list[CaseRun], *, rounds: int) -> dict[tuple[str, int], dict[str, tuple]]:
+    """The placeholder mask alone, per case: ours (``checked_mask``, what the drop-in runs)
+    and SGLang 0.5.19's ``_get_multimodal_mask``, called alternately on the case's inputs.
+    ``{(case, items): {side: (median µs of thread CPU time, ATen operators)}}``."""
+    theirs = release.scheduler._get_multimodal_mask
+    out = {}
+    for run in runs:
+        b = run.batch
+        calls = {OURS_COMPAT: lambda b=b: checked_mask(b.input_ids, b.placeholders, b.n_rows),
+                 SGL19: lambda b=b: theirs(b.input_ids, b.placeholders)}
+        times: dict[str, list[int]] = {name: [] for name in calls}
+        for r in range(rounds + 5):
+            for name in (calls if r % 2 else reversed(list(calls))):
+                started = time.thread_time_ns()
+                calls[name]()
+                if r >= 5:  # the first rounds warm up
+                    times[name].append(time.thread_time_ns() - started)
+        counts = {}
+        for name, call in calls.items():
+            with OperatorCount() as mode:
+                call()
+            counts[name] = mode.count
+        out[(run.label, b.n_items)] = {n: (statistics.median(times[n]) / 1e3, counts[n]) for n in calls}
+    return out
 
 
 def make_meta_sides(sgl19) -> list[Side]:
@@ -762,7 +789,8 @@ def constant_operators(results: list[CaseResult], side: str) -> bool | None:
     return None if len(counted) < 2 else len(set(counted)) == 1
 
 
-def report_meta(results: list[CaseResult], env: list[str], problems: list[str]) -> str:
+def report_meta(results: list[CaseResult], env: list[str], problems: list[str],
+                masks: dict | None = None) -> str:
     order = list(META_SIDES)
     passes = min((len(v) for r in results for v in r.pass_median_us.values()), default=0)
     out = ["# Host overhead alone: SGLang's own code vs mm_schedule on meta tensors", "", *env, ""]
@@ -799,7 +827,9 @@ def report_meta(results: list[CaseResult], env: list[str], problems: list[str]) 
     out += [_table(["case", "items", *(f"{o} vs {t}" for o, t in META_RATIOS)], rows), ""]
     out += ["## ATen operators per step", "",
             "Counted with a `TorchDispatchMode` over one untimed step per side (all-cached: after a step",
-            "that filled the cache); the shape-only `cat` counts as the one operator it stands for.", ""]
+            "that filled the cache); the shape-only `cat` counts as the one operator it stands for. On a",
+            "GPU the drop-in also checks asynchronously that the mask marks one token per row (`sum`, `eq`,",
+            "`_assert_async`: 3 more, at every size); on meta there is nothing to compare, so it is skipped.", ""]
     rows = [[r.case, r.n_items] + [r.operators.get(s, "n/a") for s in order] for r in results]
     out += [_table(["case", "items", *order], rows), ""]
     flat = [(s, constant_operators(results, s)) for s in order if s.startswith("ours")]
@@ -807,6 +837,8 @@ def report_meta(results: list[CaseResult], env: list[str], problems: list[str]) 
         f"{s} {'yes' if ok else 'NO' if ok is not None else 'n/a'}" for s, ok in flat) + ".",
             "With fewer items the step has fewer placeholder ids, which the drop-in's mask compares one by",
             "one (`torch.isin`) in fewer operators than its sorted search.", ""]
+    if masks:
+        out += mask_section(results, masks)
     out += ["## Wall-clock time per step (median)", ""]
     rows = [[r.case, r.n_items] + [_fmt_us(r.wall_us[s]) for s in order] for r in results]
     out += [_table(["case", "items", *order], rows), ""]
@@ -830,6 +862,29 @@ def report_meta(results: list[CaseResult], env: list[str], problems: list[str]) 
         "- PASS: every side returned meta tensors of the expected shapes (rows, mask, input_embeds) and",
         "  the input_ids passed in, on the miss step, the first cached step and the last timed step."]
     return "\n".join(out) + "\n"
+
+
+def mask_section(results: list[CaseResult], masks: dict) -> list[str]:
+    """The mask alone, and each drop-in step less its mask (a difference of medians)."""
+    out = ["## The placeholder mask alone", "",
+           "Both drop-ins return a mask of the placeholder tokens in `input_ids`. SGLang's is one",
+           "`torch.isin`, which on a GPU waits for the device once the ids outnumber its direct-comparison",
+           "rule (its sorting path calls `unique`); ours is a sorted search (`sort`, two `bucketize`, an",
+           "in-place subtraction read as bool) that never waits. On meta several of those operators'",
+           "shape functions run as Python, so the mask costs ours more host time here than on a GPU.",
+           "Timed alone on each case's inputs (medians of thread CPU time, the two alternating); the last",
+           "column is the drop-in step's ratio with each side's mask time taken out of its step time.", ""]
+    rows = []
+    for r in results:
+        m = masks.get((r.case, r.n_items))
+        if m is None:
+            continue
+        (ours_us, ours_ops), (theirs_us, theirs_ops) = m[OURS_COMPAT], m[SGL19]
+        rest = (r.median_us[SGL19] - theirs_us) / max(r.median_us[OURS_COMPAT] - ours_us, 1e-9)
+        rows.append([r.case, r.n_items, f"{_fmt_us(ours_us)} ({ours_ops} ops)", f"{_fmt_us(theirs_us)} ({theirs_ops} ops)",
+                     f"{rest:.2f}x"])
+    headers = ["case", "items", f"{OURS_COMPAT} mask", f"{SGL19} mask", "step less mask, ours-compat vs sglang-0.5.19"]
+    return [*out, _table(headers, rows), ""]
 
 
 def _spread(cached: list[CaseResult], side: str) -> str:
@@ -977,7 +1032,9 @@ def main_host_overhead(args: argparse.Namespace) -> int:
                            max_rounds=max_rounds, on_case=progress)
         for run in runs:
             run.operators = count_operators(sides, run.batch, miss=run.miss)
-    text = report_meta([run.result() for run in runs], environment([release], sorted(release.stubbed)), problems)
+    masks = mask_alone(release, runs, rounds=31 if args.quick else 201)
+    text = report_meta([run.result() for run in runs], environment([release], sorted(release.stubbed)), problems,
+                       masks)
     print()
     print(text)
     if not args.quick or args.write or args.output:

@@ -188,3 +188,22 @@ def test_pass_ratios_give_the_spread_of_every_pass():
                               pass_median_us={"a": [1.0, 2.0, 1.0], "b": [5.0, 6.0, 4.0]})
     assert bench.pass_ratios(result, "a", "b") == [3.0, 4.0, 5.0]
     assert bench.ratio_spread(result, "a", "b") == "4.00x (3.00-5.00)"
+
+
+def test_the_mask_alone_is_timed_and_counted_for_both_drop_ins():
+    """Each side's placeholder mask on a case's own inputs: SGLang's ``torch.isin`` plus the
+    reshape (2 operators), ours the sorted search (6, with more placeholder ids than tokens'
+    direct-comparison rule allows); the last column takes each side's mask out of its step."""
+    release = bench._sglang_wheels.load_release("0.5.19")
+    run = bench.CaseRun(bench.on_meta(bench.build_batch(64, seed=3)), True)
+    masks = bench.mask_alone(release, [run], rounds=3)
+    (ours_us, ours_ops), (theirs_us, theirs_ops) = masks[("all-miss", 64)][bench.OURS_COMPAT], \
+        masks[("all-miss", 64)][bench.SGL19]
+    assert ours_us > 0 and theirs_us > 0 and (ours_ops, theirs_ops) == (6, 2)
+    # The report's arithmetic, on numbers chosen by hand: (900 - 50) / (500 - 160) = 2.5.
+    result = bench.CaseResult("all-miss", 64, 1, {bench.SGL19: 900.0, bench.OURS_COMPAT: 500.0}, {}, {}, {})
+    text = "\n".join(bench.mask_section([result], {("all-miss", 64): {bench.OURS_COMPAT: (160.0, 6),
+                                                                         bench.SGL19: (50.0, 2)}}))
+    assert "| all-miss | 64 | 160.0 µs (6 ops) | 50.0 µs (2 ops) | 2.50x |" in text
+    table = bench.mask_section([result], {})[-2].splitlines()
+    assert len(table) == 2 and table[0].startswith("| case |")  # a case without a measurement: no row
