@@ -27,7 +27,8 @@ STACK2_PYTHON ?= $(shell for p in python3.12 "$$(pyenv prefix "$$(pyenv latest 3
 STACK2_PINS   := torch==2.11.0 triton==3.6.0 numpy==2.4.6 transformers==5.25.0 kernels==0.19.1 $(TEST_PINS)
 
 # The optional C helpers setup.py builds: an edit to one reinstalls, so it is rebuilt.
-C_SOURCES := mm_schedule/_placeholder_set.c mm_schedule/_cache_hits.c mm_schedule/plan/_flat_columns.c \
+C_SOURCES := mm_schedule/_placeholder_set.c mm_schedule/_cache_hits.c mm_schedule/_output_checks.c \
+             mm_schedule/plan/_flat_columns.c \
              kernels/segment_copy/_stream_copy.c
 
 .PHONY: setup setup-stack2 demo demo-checks test test-stack2 lint bench bench-sglang clean bench-sglang-host bench-vllm

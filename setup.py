@@ -12,6 +12,8 @@ EXTENSIONS = [
     Extension("mm_schedule._placeholder_set", ["mm_schedule/_placeholder_set.c"], optional=True),
     # the embedding cache's lookup of a step whose every key is cached
     Extension("mm_schedule._cache_hits", ["mm_schedule/_cache_hits.c"], optional=True),
+    # the check of an encoder's list of outputs that can be cached as they are
+    Extension("mm_schedule._output_checks", ["mm_schedule/_output_checks.c"], optional=True),
     # the flat planner's pass over a step's items
     Extension("mm_schedule.plan._flat_columns", ["mm_schedule/plan/_flat_columns.c"], optional=True),
     # a step's row copies in one call (streaming stores for large destinations)

@@ -38,7 +38,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import _peer_wheels as peer
 
-from mm_schedule.codemods.derive import default_wheel_cache
+from mm_schedule.codemods.movemap.sources import default_wheel_cache
 
 DOWNLOAD_TIMEOUT_S = 120.0
 

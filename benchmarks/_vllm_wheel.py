@@ -48,8 +48,8 @@ if str(Path(__file__).resolve().parent) not in sys.path:
 
 import _peer_wheels as peer
 
-from mm_schedule.codemods.derive import default_wheel_cache
 from mm_schedule.codemods.movemap.remote import INDEX_URL, TIMEOUT_S, RangeReader, wheel_url
+from mm_schedule.codemods.movemap.sources import default_wheel_cache
 
 # Executed from the wheel's own source, in import order (later ones import earlier ones);
 # a module missing from a release is skipped.

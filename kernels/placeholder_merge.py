@@ -142,22 +142,18 @@ if HAS_TRITON:
 
 
 def placeholder_mask(input_ids, placeholder_ids):
-    """Bool mask of the placeholder tokens, without a host sync.
+    """Bool mask of the placeholder tokens of 1-D ``input_ids``, without a host sync.
 
     Python ids: one comparison per id (models use one to three), no host-to-device copy.
-    A tensor of ids (SGLang passes one pad value per item, so hundreds): a sorted search
-    rather than ``torch.isin``, which sorts through ``unique`` for large id sets, and
+    A tensor of ids (SGLang passes one pad value per item, so hundreds): the package's
+    placeholder mask (``placeholder_mask.py``: one kernel launch on a GPU, compared in the
+    wider dtype), not ``torch.isin``, which sorts through ``unique`` for large id sets, and
     ``unique`` has to wait for the device to learn its output size.
     """
-    import torch
+    if not isinstance(placeholder_ids, (int, list, tuple)):
+        from .placeholder_mask import placeholder_mask as marked
 
-    if isinstance(placeholder_ids, torch.Tensor):
-        ids = placeholder_ids.to(input_ids.device, input_ids.dtype, non_blocking=True).reshape(-1)
-        if ids.numel() == 0:
-            return torch.zeros_like(input_ids, dtype=torch.bool)
-        ids = ids.sort().values
-        slot = torch.searchsorted(ids, input_ids).clamp_(max=ids.numel() - 1)
-        return ids[slot] == input_ids
+        return marked(input_ids, placeholder_ids).view(-1)
     if isinstance(placeholder_ids, int):
         placeholder_ids = (placeholder_ids,)
     ids = list(placeholder_ids)

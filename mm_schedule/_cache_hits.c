@@ -6,7 +6,7 @@
  * that have gone cold in the CPU's caches since the last step; this is one. It answers only
  * the steady state: every key held, each entry a tuple with the expected rows. Anything else
  * returns None and the cache's Python loop decides key by key (misses, mismatched rows,
- * discards), so this function never changes the cache.
+ * entries of another modality, discards), so this function never changes the cache.
  *
  * The keys are the plan's exact ints; an entry is held strongly from the moment it is found,
  * because comparing keys of one dictionary bucket may run Python code (a key of another type
@@ -30,28 +30,43 @@ static int same_int(PyObject *obj, PyObject *want) {
     return !overflow_a && !overflow_b && a == b && !(a == -1 && PyErr_Occurred());
 }
 
+/* 1 when an entry of modality `held` may serve a key asked for as `wanted`: the same exact str, or
+ * an entry set without a modality (None). Runs no Python code. */
+static int same_modality(PyObject *held, PyObject *wanted) {
+    if (held == wanted || held == Py_None) {
+        return 1;
+    }
+    return PyUnicode_CheckExact(held) && PyUnicode_CheckExact(wanted) && PyUnicode_Compare(held, wanted) == 0;
+}
+
 static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "all_hits(entries, keys, rows, tensor_index, rows_index) takes 5 arguments,"
-                     " got %zd", nargs);
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "all_hits(entries, keys, rows, modalities, tensor_index, rows_index,"
+                     " modality_index) takes 7 arguments, got %zd", nargs);
         return NULL;
     }
-    PyObject *entries = args[0], *keys = args[1], *rows = args[2];
-    if (!PyDict_Check(entries) || !PyList_CheckExact(keys) || !PyList_CheckExact(rows)) {
-        PyErr_SetString(PyExc_TypeError, "all_hits: entries must be a dict, keys and rows lists");
+    PyObject *entries = args[0], *keys = args[1], *rows = args[2], *modalities = args[3];
+    if (!PyDict_Check(entries) || !PyList_CheckExact(keys) || !PyList_CheckExact(rows)
+        || (modalities != Py_None && !PyList_CheckExact(modalities))) {
+        PyErr_SetString(PyExc_TypeError, "all_hits: entries must be a dict, keys and rows lists, modalities a list"
+                        " or None");
         return NULL;
     }
-    Py_ssize_t tensor_index = PyLong_AsSsize_t(args[3]), rows_index = PyLong_AsSsize_t(args[4]);
-    if ((tensor_index == -1 || rows_index == -1) && PyErr_Occurred()) {
+    Py_ssize_t tensor_index = PyLong_AsSsize_t(args[4]), rows_index = PyLong_AsSsize_t(args[5]),
+               modality_index = PyLong_AsSsize_t(args[6]);
+    if ((tensor_index == -1 || rows_index == -1 || modality_index == -1) && PyErr_Occurred()) {
         return NULL;
     }
-    if (tensor_index < 0 || rows_index < 0) {
+    if (tensor_index < 0 || rows_index < 0 || modality_index < 0) {
         PyErr_SetString(PyExc_ValueError, "all_hits: indices must be non-negative");
         return NULL;
     }
     Py_ssize_t needed = (tensor_index > rows_index ? tensor_index : rows_index) + 1;
+    if (modality_index + 1 > needed) {
+        needed = modality_index + 1;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyList_GET_SIZE(rows) != n) {
+    if (PyList_GET_SIZE(rows) != n || (modalities != Py_None && PyList_GET_SIZE(modalities) != n)) {
         Py_RETURN_NONE;
     }
     PyObject *out = PyList_New(n);
@@ -79,7 +94,9 @@ static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t narg
         }
         Py_INCREF(entry);
         if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) < needed || i >= PyList_GET_SIZE(rows)
-            || !same_int(PyTuple_GET_ITEM(entry, rows_index), PyList_GET_ITEM(rows, i))) {
+            || !same_int(PyTuple_GET_ITEM(entry, rows_index), PyList_GET_ITEM(rows, i))
+            || (modalities != Py_None && (i >= PyList_GET_SIZE(modalities)
+                || !same_modality(PyTuple_GET_ITEM(entry, modality_index), PyList_GET_ITEM(modalities, i))))) {
             Py_DECREF(entry);
             goto not_steady;
         }
@@ -94,9 +111,10 @@ not_steady:
 
 static PyMethodDef methods[] = {
     {"all_hits", (PyCFunction)(void (*)(void))all_hits, METH_FASTCALL,
-     "all_hits(entries, keys, rows, tensor_index, rows_index)\n\n"
+     "all_hits(entries, keys, rows, modalities, tensor_index, rows_index, modality_index)\n\n"
      "[entries[k][tensor_index] for k in keys] when every key is an int held in entries by a tuple whose\n"
-     "entry[rows_index] equals rows[i]; None otherwise (the caller then looks the keys up one by one)."},
+     "entry[rows_index] equals rows[i] and whose entry[modality_index] is modalities[i] or None (modalities\n"
+     "None: any); None otherwise (the caller then looks the keys up one by one)."},
     {NULL, NULL, 0, NULL},
 };
 

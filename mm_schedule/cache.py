@@ -86,9 +86,15 @@ _REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered
 # faulty output, or two in a row, in a moment its modality held no entry decide nothing.
 _CONFIRMING_INSERTS = 3
 _tensor_of, _row_count, _charged = itemgetter(_TENSOR), itemgetter(_ROWS), itemgetter(_BYTES)
+_modality_of = itemgetter(_MODALITY)
 _first, _second = itemgetter(0), itemgetter(1)
 _storage_of, _storage_bytes, _data_ptr = (methodcaller("untyped_storage"), methodcaller("nbytes"),
                                           methodcaller("data_ptr"))
+
+
+def _may_serve(held: str | None, wanted: str | None) -> bool:
+    """An entry of modality ``held`` may serve a key asked for as ``wanted``."""
+    return held is None or wanted is None or held == wanted
 
 
 def _first_of_each(prepared: list, mods: list) -> list:
@@ -240,9 +246,11 @@ def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = Fa
     return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality
 
 
-def _count(counter: Counter, value: Any, sign: int) -> None:
-    counter[value] += sign
-    if not counter[value]:
+def _count(counter: dict, value: Any, sign: int) -> None:
+    count = counter.get(value, 0) + sign
+    if count:
+        counter[value] = count
+    else:
         del counter[value]
 
 
@@ -264,13 +272,20 @@ class EmbeddingCache:
         self._dtypes = _declared("dtypes", dtypes, _is_dtype)
         self._entries: OrderedDict[int, tuple] = OrderedDict()
         self._layouts: Counter[tuple] = Counter()
-        # modality -> Counter of (hidden, dtype) over the held entries of that modality
-        self._held: dict[str, Counter] = {}
+        # modality -> {(hidden, dtype): entries held}, over the held entries of that modality
+        self._held: dict[str, dict] = {}
         self._forgotten: dict[str, tuple] = {}  # modality -> its last learned layout, once none is held
         # modality -> (layout it had, layout learned since, last insert that brought it, inserts
         # that did): a change of learned layout not yet confirmed (see _count_held)
         self._provisional: dict[str, tuple] = {}
         self._inserts = 0  # inserts so far, each a batch (which insert brought a layout)
+        # modality -> {(hidden, dtype): (inserts that brought it while entries of the modality were
+        # held, the last of them)}; a learned layout binds steps once _CONFIRMING_INSERTS brought
+        # it, or a merged step proved it
+        self._brought: dict[str, dict[tuple, tuple[int, int]]] = {}
+        # modality -> layouts steps' outputs brought against their own hits of the modality's
+        # unconfirmed learned layout (each such step refused); the next one such wins
+        self._disputes: dict[str, frozenset] = {}
         self._grouped = 0  # depth of one_insert blocks (entered under the lock, by its holder)
         self._by_storage: dict[tuple, int] = {}  # storage id -> key of the entry holding it
         self._reused: OrderedDict[tuple, None] = OrderedDict()
@@ -282,24 +297,31 @@ class EmbeddingCache:
         self._evictions = self._rejected = self._discarded = 0
 
     # -- what a step uses ----------------------------------------------------------------
-    def lookup_many(self, keys: Sequence[int], rows: Sequence[int]) -> tuple[list[Any], tuple | None]:
+    def lookup_many(self, keys: Sequence[int], rows: Sequence[int],
+                    modalities: Sequence[str | None] | None = None) -> tuple[list[Any], tuple | None]:
         """The cached 2-D tensor for each key, or None, under one lock; refreshes recency
         and counts hits and misses. An entry whose row count is not ``rows[i]`` is a
         different embedding under the same key (a truncated-hash collision, a model
-        change): it is discarded, logged, and reported as a miss.
+        change): it is discarded, logged, and reported as a miss. With ``modalities``, an
+        entry of another modality than ``modalities[i]`` (one hash used for an image and
+        for a video) is not served either: it is reported as a miss, logged, and replaced
+        by what the step encodes, so the rows a request gets follow its own item, never
+        whichever item happened to be cached under the hash (entries set without a
+        modality serve any).
 
         Also returns the layout ``(hidden, dtype, device)`` every entry of the cache
         shares at that moment, or None when they differ: with one layout, a step checks
         its hits against what it needs once instead of once per hit."""
-        found, layout, _ = self.lookup_all(keys, rows)
+        found, layout, _ = self.lookup_all(keys, rows, modalities)
         return found, layout
 
-    def lookup_all(self, keys: Sequence[int], rows: Sequence[int]) -> tuple[list[Any], tuple | None, bool]:
+    def lookup_all(self, keys: Sequence[int], rows: Sequence[int],
+                   modalities: Sequence[str | None] | None = None) -> tuple[list[Any], tuple | None, bool]:
         """``lookup_many``, and whether every key was found (the planner then marks every
         source a hit without reading the list again)."""
         with self._lock:
             entries = self._entries
-            steady = self._steady_hits(keys, rows) if not self._provisional else None
+            steady = self._steady_hits(keys, rows, modalities) if not self._provisional else None
             if steady is not None:
                 deque(map(entries.move_to_end, keys), maxlen=0)
                 self._hits += len(steady)
@@ -313,11 +335,19 @@ class EmbeddingCache:
             hits = 0
             move = entries.move_to_end
             provisional = self._provisional
-            for key, n in zip(keys, rows):
+            wanted = repeat(None) if modalities is None else modalities
+            for key, n, modality in zip(keys, rows, wanted):
                 entry = entries.get(key)
                 if entry is None or (provisional and entry[_MODALITY] in provisional):
                     # Entries of a layout change not yet confirmed are not served:
                     # the step encodes them again, which confirms the change or undoes it.
+                    append(None)
+                elif modality is not None and entry[_MODALITY] is not None and entry[_MODALITY] != modality:
+                    log.warning(
+                        "Not serving cached multimodal embedding: key %d is cached as a %s embedding and asked for"
+                        " as a %s one (one hash for two items of different modalities); it is encoded again"
+                        " and replaces the entry", key, entry[_MODALITY], modality,
+                    )
                     append(None)
                 elif entry[_ROWS] == n:
                     move(key)
@@ -335,12 +365,15 @@ class EmbeddingCache:
             self._misses += len(out) - hits
             return out, self._layout(), hits == len(out)
 
-    def _steady_hits(self, keys: Sequence[int], rows: Sequence[int]) -> list[Any] | None:
-        """The tensors of ``keys`` when every key is cached with the expected rows (the
-        steady state), else None; changes nothing (the caller's loop handles the rest)."""
+    def _steady_hits(self, keys: Sequence[int], rows: Sequence[int],
+                     modalities: Sequence[str | None] | None = None) -> list[Any] | None:
+        """The tensors of ``keys`` when every key is cached with the expected rows (and a
+        modality that may serve it), the steady state; else None. Changes nothing (the
+        caller's loop handles the rest)."""
         entries = self._entries
-        if _all_hits is not None and type(keys) is list and type(rows) is list:
-            return _all_hits(entries, keys, rows, _TENSOR, _ROWS)
+        if _all_hits is not None and type(keys) is list and type(rows) is list and (
+                modalities is None or type(modalities) is list):
+            return _all_hits(entries, keys, rows, modalities, _TENSOR, _ROWS, _MODALITY)
         # Each pass runs in C; a key not cached (None) stops the row count pass.
         found = list(map(entries.get, keys))
         try:
@@ -349,16 +382,44 @@ class EmbeddingCache:
             return None
         if counts != (rows if type(rows) is list else list(rows)):
             return None
+        if modalities is not None and not all(map(_may_serve, map(_modality_of, found), modalities)):
+            return None
         return list(map(_tensor_of, found))
 
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None
 
-    def layout_of(self, modality: str, *, declared_only: bool = False) -> tuple[int | None, Any]:
+    def layout_of(self, modality: str, *, declared_only: bool = False,
+                  confirmed_only: bool = False) -> tuple[int | None, Any]:
         """``(hidden, dtype)`` the entries of ``modality`` must have, each None where
-        neither declared nor (unless ``declared_only``) learned from the entries held."""
+        neither declared nor (unless ``declared_only``) learned from the entries held;
+        ``confirmed_only``: a learned layout only once confirmed (``layout_confirmed``)."""
         with self._lock:
-            return self._layout_of(modality, declared_only)
+            return self._layout_of(modality, declared_only, confirmed_only)
+
+    def layout_confirmed(self, modality: str) -> bool:
+        """True when ``modality``'s learned layout binds: three inserts (steps) brought it
+        (``_CONFIRMING_INSERTS``) or a step merged into ``input_embeds`` proved its hidden
+        size. Until then a step is not held to it, and an output that disagrees replaces it
+        (its entries evicted, the log says so) instead of being refused: one unverified
+        output (a warm-up's, a faulty call's) never decides the layout for good."""
+        with self._lock:
+            held = self._held.get(modality)
+            return bool(held) and len(held) == 1 and self._confirmed(modality, next(iter(held)))
+
+    def note_dispute(self, modalities: Iterable[str], layout: tuple) -> None:
+        """A step was refused because its outputs, of ``layout`` ``(hidden, dtype)``, disagree
+        with its own hits of an unconfirmed learned layout of one of ``modalities``: nothing
+        was evicted. Recorded, so that the next step bringing ``layout`` against those
+        layouts wins (its hits are evicted and encoded again) instead of failing as well."""
+        with self._lock:
+            for modality in modalities:
+                self._disputes[modality] = self._disputes.get(modality, frozenset()) | {tuple(layout)}
+
+    def disputes(self, modality: str) -> frozenset:
+        """The layouts ``note_dispute`` recorded against ``modality``'s learned layout."""
+        with self._lock:
+            return self._disputes.get(modality, frozenset())
 
     def layout_changing(self, modality: str) -> bool:
         """True while ``modality``'s learned layout is a change fewer than three inserts
@@ -388,39 +449,74 @@ class EmbeddingCache:
         then only their storages are read, not each tensor's layout."""
         pairs = list(entries)
         mods = [None] * len(pairs) if modalities is None else list(modalities)
-        share = self.share_storage
+        keys = list(map(_first, pairs))
         if vouched is not None and rows is not None and len(rows) == len(pairs):
-            keys = list(map(_first, pairs))
             prepared, storages = self._vouched_entries(keys, list(map(_second, pairs)), rows, mods, vouched)
         else:
+            share = self.share_storage
             prepared, storages = [(key, _entry(tensor, None, modality, share=share))
                                   for (key, tensor), modality in zip(pairs, mods)], None
+        return self._insert_prepared(prepared, keys, storages, mods, vouched, protect=protect,
+                                     check=modalities is not None, replace_learned=replace_learned)
+
+    def insert_outputs(self, keys: list, tensors: list, rows: list, modalities: list, layout: tuple,
+                       storages: Sequence, *, protect: Iterable[int] = (), replace_learned: bool = False) -> int:
+        """``insert_many`` of a step's validated encoder outputs that nothing needs to read
+        again: ``tensors[i]`` (under ``keys[i]``, of ``modalities[i]``) is 2-D with ``rows[i]``
+        rows of ``layout`` ``(hidden, dtype, device)``, detached, contiguous, not a negated
+        view and alone in its storage, whose ``storage_id`` is ``storages[i]`` (on ``meta``
+        none are listed)."""
+        hidden, dtype, device = layout
+        row_bytes = hidden * dtype.itemsize
+        own = [n * row_bytes for n in rows]
+        if device.type == "meta":
+            storages = ()
+        elif len(storages) != len(keys):
+            raise CacheStateError(f"insert_outputs: {len(storages)} storages for {len(keys)} tensors")
+        else:
+            storages = list(storages)
+        prepared = list(zip(keys, map(tuple, zip(tensors, rows, own, repeat(None), repeat(layout), modalities))))
+        return self._insert_prepared(prepared, keys, storages, modalities, layout, protect=protect, check=True,
+                                     replace_learned=replace_learned, total=sum(own))
+
+    def _insert_prepared(self, prepared: list, keys: list, storages: list | None, mods: list, layout: tuple | None,
+                         *, protect: Iterable[int], check: bool, replace_learned: bool, total: int | None = None) -> int:
+        """The locked part of ``insert_many``: ``prepared`` ``(key, entry)`` pairs; ``storages``:
+        the storage ids of entries of one ``layout`` (None: entries accounted one by one)."""
+        share = self.share_storage
         with self._lock:
             if not self._grouped:
                 self._inserts += 1
-            if modalities is not None:
-                self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
-                                    replace_learned)
+            held_back = self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
+                                            replace_learned) if check else ()
+            if held_back:
+                kept = [i for i, modality in enumerate(mods) if modality not in held_back]
+                prepared, keys, mods = [prepared[i] for i in kept], [keys[i] for i in kept], [mods[i] for i in kept]
+                storages = [storages[i] for i in kept] if storages else storages
+                total = None
+                if not prepared:
+                    return 0
             if (self._by_storage or self._reused) and not share and (
                     storages is None or not self._reused.keys().isdisjoint(storages)
                     or not self._by_storage.keys().isdisjoint(storages)):
-                prepared, storages = self._unshare(prepared), None
-            added = dict(prepared)
-            total = sum(map(_charged, added.values()))
-            if len(added) == len(prepared) and self._bytes + total <= self.max_bytes \
-                    and self._entries.keys().isdisjoint(added):
+                prepared, storages, total = self._unshare(prepared), None, None
+            if total is None:
+                total = sum(map(_charged, map(_second, prepared)))
+            entries = self._entries
+            if self._bytes + total <= self.max_bytes and entries.keys().isdisjoint(keys) \
+                    and len(dict.fromkeys(keys)) == len(keys):
                 # New keys that fit without evicting (a step's encoder outputs, usually):
                 # all added at once, in order, exactly as one at a time would add them.
                 # Item by item from C: OrderedDict.update of a dict is about three times slower.
-                deque(map(self._entries.__setitem__, added, added.values()), maxlen=0)
+                deque(map(entries.__setitem__, keys, map(_second, prepared)), maxlen=0)
                 if storages is None:
                     for key, entry in prepared:
                         self._account(key, entry, 1)
                 else:
-                    self._account_vouched(keys, storages, mods, vouched)
+                    self._account_vouched(keys, storages, mods, layout)
                 self._bytes += total
-                self._insertions += len(added)
-                return len(added)
+                self._insertions += len(keys)
+                return len(keys)
             keep = set(protect)
             inserted = 0
             for key, entry in prepared:
@@ -454,24 +550,44 @@ class EmbeddingCache:
         """``_account(key, entry, 1)`` for every entry of ``_vouched_entries``, counted per
         modality instead of per entry."""
         self._layouts[layout] += len(keys)
-        for modality, count in Counter(mods).items():
+        first = mods[0] if mods else None
+        counts = {first: len(mods)} if mods.count(first) == len(mods) else Counter(mods)
+        for modality, count in counts.items():
             if modality is not None:
                 self._count_held(modality, layout[:2], count)
         self._by_storage.update(zip(storages, keys))
 
-    def _layout_of(self, modality: str | None, declared_only: bool = False) -> tuple[int | None, Any]:
+    def _layout_of(self, modality: str | None, declared_only: bool = False,
+                   confirmed_only: bool = False) -> tuple[int | None, Any]:
         hidden = self._hidden_sizes.get(modality, self._hidden_sizes.get(None))
         dtype = self._dtypes.get(modality, self._dtypes.get(None))
         held = None if declared_only else self._held.get(modality)
         if held and len(held) == 1:
             learned = next(iter(held))
-            hidden = learned[0] if hidden is None else hidden
-            dtype = learned[1] if dtype is None else dtype
+            if not confirmed_only or self._confirmed(modality, learned):
+                hidden = learned[0] if hidden is None else hidden
+                dtype = learned[1] if dtype is None else dtype
         return hidden, dtype
 
-    def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> None:
+    def _confirmed(self, modality: str, layout: tuple) -> bool:
+        return self._brought.get(modality, {}).get(layout, (0, 0))[0] >= _CONFIRMING_INSERTS
+
+    def _replaceable(self, modality: str) -> bool:
+        """The held entries of ``modality`` share one learned layout nothing confirmed yet,
+        and no layout change is pending (its own rules apply then)."""
+        held = self._held.get(modality)
+        return bool(held) and len(held) == 1 and modality not in self._provisional \
+            and not self._confirmed(modality, next(iter(held)))
+
+    def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> set[str]:
+        """Every entry against its modality's layout (``CacheLayoutError`` for the first that
+        disagrees), applying what the batch decides: a proven size replaces a learned one, a
+        layout change is undone, an unconfirmed learned layout is disputed or replaced (see
+        ``layout_confirmed``). Returns the modalities whose entries are held back (not cached):
+        those whose outputs dispute such a layout for the first time."""
         batch: dict[str, tuple[int, Any]] = {}
         replace: dict[str, tuple[int, Any]] = {}
+        unconfirmed: dict[str, tuple[int, Any]] = {}  # learned layouts nothing confirmed, replaced
         seen: dict[str, set] = {}
         for _, entry in prepared:
             if entry[_MODALITY] is not None:
@@ -505,6 +621,10 @@ class EmbeddingCache:
                 if replace_learned and first is None and declared_hidden is None and hidden != want_hidden \
                         and (declared_dtype is None or dtype == declared_dtype):
                     replace[modality] = (hidden, dtype)
+                elif first is None and len(seen[modality]) == 1 and self._replaceable(modality) \
+                        and declared_hidden in (None, hidden) and declared_dtype in (None, dtype):
+                    # A batch at odds with itself is refused instead: the held layout names the odd one.
+                    unconfirmed[modality] = (hidden, dtype)
                 else:
                     source = self._layout_source(modality) if first is None else (
                         "an earlier tensor of this batch" if first != self._forgotten.get(modality) else
@@ -518,8 +638,16 @@ class EmbeddingCache:
             batch.setdefault(modality, (hidden, dtype))
         for modality, layout in replace.items():
             self._replace_learned(modality, layout)
+        held_back = set()
+        for modality, layout in unconfirmed.items():
+            if layout in self._disputes.get(modality, ()):
+                self._replace_unconfirmed(modality, layout)
+            else:
+                held_back.add(modality)
+                self._hold_back(modality, layout)
         for modality in undo:
             self._undo_change(modality)
+        return held_back
 
     def _settle_proven(self, modality: str, layouts: set) -> None:
         """A step whose hidden size ``input_embeds`` proves settles what no count of inserts
@@ -531,6 +659,10 @@ class EmbeddingCache:
         if len(hidden) != 1 or modality in self._hidden_sizes or None in self._hidden_sizes:
             return
         (proven,) = hidden
+        brought = self._brought.setdefault(modality, {})
+        for layout in layouts:
+            count, last = brought.get(layout, (0, -1))
+            brought[layout] = (max(count, _CONFIRMING_INSERTS), last)
         previous = self._forgotten.get(modality)
         if modality not in self._held and previous is not None and previous[0] != proven:
             del self._forgotten[modality]
@@ -558,17 +690,50 @@ class EmbeddingCache:
             " cached %s entries were evicted", modality, old[0], old[1], new[0], new[1], evicted, modality,
         )
 
-    def _evict_modality(self, modality: str, keep_hidden: int | None = None) -> int:
+    def _evict_modality(self, modality: str, keep_hidden: int | None = None, forget: bool = True) -> int:
         """Discard every held ``modality`` entry (of another hidden size than ``keep_hidden``,
-        when given) and forget what was learned from them; returns how many went."""
+        when given) and, with ``forget``, what was learned from them (else the layout stays
+        the one last learned, as when its last entry goes); returns how many went."""
         stale = [key for key, entry in self._entries.items()
                  if entry[_MODALITY] == modality and entry[_LAYOUT][0] != keep_hidden]
         for key in stale:
             self._pop(key)
             self._discarded += 1
-        self._forgotten.pop(modality, None)
-        self._provisional.pop(modality, None)
+        if forget:
+            self._forgotten.pop(modality, None)
+            self._provisional.pop(modality, None)
+        self._disputes.pop(modality, None)
         return len(stale)
+
+    def _hold_back(self, modality: str, layout: tuple) -> None:
+        """Outputs of ``layout`` met a learned layout of ``modality`` that nothing confirmed,
+        for the first time: either may be the faulty one, so the outputs are not refused (their
+        step runs) but not cached either, and the held entries stay; the next outputs of
+        ``layout`` against it replace it (``_replace_unconfirmed``)."""
+        old = next(iter(self._held[modality]))
+        inserts = self._brought.get(modality, {}).get(old, (0, 0))[0]
+        self._disputes[modality] = self._disputes.get(modality, frozenset()) | {tuple(layout)}
+        log.warning(
+            "%s embeddings of hidden size %d and dtype %s disagree with the layout learned from %d insert(s) (hidden"
+            " size %d, dtype %s), which %d inserts or a step merged into input_embeds would have confirmed: they are"
+            " not cached and nothing is evicted; the next outputs of that layout replace it",
+            modality, layout[0], layout[1], inserts, old[0], old[1], _CONFIRMING_INSERTS,
+        )
+
+    def _replace_unconfirmed(self, modality: str, layout: tuple) -> None:
+        """Outputs of ``layout`` met a learned layout of ``modality`` that nothing confirmed,
+        which earlier outputs of ``layout`` disputed already: its entries are evicted and the
+        outputs then change the learned layout like any outputs after its last entry went:
+        provisionally, until later inserts confirm the change or undo it."""
+        old = next(iter(self._held[modality]))
+        inserts = self._brought.get(modality, {}).get(old, (0, 0))[0]
+        evicted = self._evict_modality(modality, forget=False)
+        log.warning(
+            "%s embeddings of hidden size %d and dtype %s disagree with the layout learned from %d insert(s) (hidden"
+            " size %d, dtype %s), which %d inserts or a step merged into input_embeds would have confirmed, and which"
+            " earlier outputs of that layout disputed too: its %d cached %s entries were evicted",
+            modality, layout[0], layout[1], inserts, old[0], old[1], _CONFIRMING_INSERTS, evicted, modality,
+        )
 
     def _replace_learned(self, modality: str, layout: tuple) -> None:
         """Evict every held ``modality`` entry of another hidden size than ``layout``'s."""
@@ -583,8 +748,13 @@ class EmbeddingCache:
     def _layout_source(self, modality: str) -> str:
         hidden = modality in self._hidden_sizes or None in self._hidden_sizes
         dtype = modality in self._dtypes or None in self._dtypes
-        held = sum(self._held.get(modality, Counter()).values())
+        held = sum(self._held.get(modality, {}).values())
         learned = f"learned from the {held} {modality} {'entry' if held == 1 else 'entries'} the cache holds"
+        layouts = self._held.get(modality)
+        if layouts and len(layouts) == 1:
+            inserts = self._brought.get(modality, {}).get(next(iter(layouts)), (0, 0))[0]
+            learned += (", confirmed" if inserts >= _CONFIRMING_INSERTS else ", not yet confirmed") + \
+                f" ({inserts} insert{'' if inserts == 1 else 's'} brought it)"
         if hidden and dtype:
             return f"declared for {modality}"
         if hidden or dtype:
@@ -701,8 +871,8 @@ class EmbeddingCache:
         with self._lock:
             if not self._grouped:
                 self._inserts += 1
-            if modality is not None:
-                self._check_layouts([(key, entry)], replace_learned=False)
+            if modality is not None and self._check_layouts([(key, entry)], replace_learned=False):
+                return False  # held back: it disputes a layout nothing confirmed (see _check_layouts)
             if not self.share_storage and (self._by_storage or self._reused):
                 [(_, unshared)] = self._unshare([(key, entry)])
                 if kept is not None and unshared[_TENSOR] is not entry[_TENSOR]:
@@ -765,6 +935,8 @@ class EmbeddingCache:
             self._held.clear()
             self._forgotten.clear()
             self._provisional.clear()
+            self._brought.clear()
+            self._disputes.clear()
             self._by_storage.clear()
             self._bytes = 0
 
@@ -852,7 +1024,7 @@ class EmbeddingCache:
     def _count_held(self, modality: str, layout: tuple, sign: int) -> None:
         held = self._held.get(modality)
         if held is None:
-            held = self._held[modality] = Counter()
+            held = self._held[modality] = {}
             previous = self._forgotten.pop(modality, None)
             if previous is not None and previous != layout:
                 change = self._provisional.get(modality)
@@ -865,6 +1037,16 @@ class EmbeddingCache:
                     modality, layout[0], layout[1], previous[0], previous[1], _CONFIRMING_INSERTS - 1,
                 )
         if sign > 0:
+            brought = self._brought.setdefault(modality, {})
+            count, last = brought.get(layout, (0, -1))
+            if last != self._inserts:
+                # Another layout no entry holds counts no more: one that came and went (a change
+                # undone, a layout replaced) never adds up to a confirmation over time.
+                for other in [other for other in brought if other != layout and other not in held]:
+                    del brought[other]
+                brought[layout] = (count + 1, self._inserts)
+                if count + 1 >= _CONFIRMING_INSERTS:
+                    self._disputes.pop(modality, None)
             change = self._provisional.get(modality)
             if change is not None and change[1] == layout and change[2] != self._inserts:
                 inserts = change[3] + 1

@@ -64,12 +64,10 @@ def resolve_encoder(encoders: Encoders, modality: str, request: int, *, move_fea
 def move_features_to(items: Sequence[Any], device: Any) -> None:
     """Move items' raw features to ``device`` in place (only tensors not there yet)."""
     try:
-        features = list(map(_feature_of, items))
+        if set(map(_device_of, map(_feature_of, items))) == {device}:
+            return  # every feature already there (the usual step): read in one C loop
     except AttributeError:
-        features = None
-    if features is not None and set(map(type, features)) == {torch.Tensor} \
-            and set(map(_device_of, features)) == {device}:
-        return  # every feature a tensor already there (the usual step): read in C loops
+        pass  # an item without a feature, or a feature without a device: looked at one by one
     for item in items:
         feature = getattr(item, "feature", None)
         if hasattr(feature, "to") and hasattr(feature, "device") and feature.device != device:

@@ -59,8 +59,15 @@ from .errors import (
 from .items import Span, check_spans, item_spans, modality_name, span_tokens
 from .keys import combine_hashes, item_key
 from .placeholders import checked_mask, count_mm_tokens_in_extend
-from .plan import plan_columns
-from .scheduler import run_packed, update_cache
+from .plan import StepPlan, plan_columns
+from .scheduler import (
+    acknowledge_hits,
+    agree_across_ranks,
+    assemble_packed,
+    checked_rows,
+    insert_encoded,
+    update_cache,
+)
 from .validate import Expected, check_tensor
 
 PRE_CHUNKED_KEY = "pre_chunked_input_ids"
@@ -334,17 +341,77 @@ def _cache_value(video: _PrunedVideo, resolved: _Resolved) -> ForModality:
                        video.modality)
 
 
-def _learn_layouts(cache: EmbeddingCache, expected: Expected, modalities: set[str]) -> None:
+def _learn_layouts(cache: EmbeddingCache, expected: Expected, modalities: set[str],
+                   pending: dict[str, tuple]) -> None:
     """What the cache holds (or was declared to hold) for the videos' modalities, into
     ``expected``, as a planned step learns it: a layout change not yet confirmed binds only
-    what was declared."""
+    what was declared. ``pending``: the layout of this call's other outputs per modality,
+    cached just before the videos: what the cache does not know yet it learns from them."""
     known, sources = {}, {}
     for modality in modalities:
-        layout = cache.layout_of(modality, declared_only=cache.layout_changing(modality))
+        changing = cache.layout_changing(modality)
+        held = cache.layout_of(modality, declared_only=changing)
+        layout = held
+        if not changing and modality in pending:
+            layout = tuple(p if h is None else h for h, p in zip(held, pending[modality]))
         if layout != (None, None):
-            known[modality], sources[modality] = layout, cache.layout_source(modality)
+            known[modality] = layout
+            sources[modality] = cache.layout_source(modality) if layout == held else \
+                f"as this call's other {modality} rows have: they are cached together"
     if known:
         expected.learn_cache_layouts(known, [], sources)
+
+
+class _PlannedRequests:
+    """The call's requests without an EVS video, as one planned step whose cache insert
+    waits for the videos: the call can still fail after it (ranks that pruned a video
+    differently, a window that is wrong on one rank), and a failed call caches nothing,
+    on any rank."""
+
+    def __init__(self, plan: StepPlan, encoders: Callable, cache: EmbeddingCache | None, context: StepContext,
+                 device: Any) -> None:
+        self.cache, self.context = cache, context
+        self.expected = expected = Expected(None, device)
+        try:
+            self.plan, ranks = agree_across_ranks(plan, expected, context)
+            self.checked = ranks is None
+            self.tensors, self.encoded = checked_rows(self.plan, encoders, cache, expected, move_features=True,
+                                                      ranks=ranks)
+            self.rows = self._assembled()
+        finally:
+            update_cache(cache, evict=expected.evict)
+
+    def _assembled(self) -> Any:
+        """The packed rows, copies in memory of the step's own (the videos' encoder calls
+        may reuse the memory the outputs came in)."""
+        try:
+            return assemble_packed(self.plan, self.tensors, self.expected)
+        except BaseException:
+            if self.plan.has_hits:  # a bad entry is never served again
+                self.expected.evict.extend(self.plan.hit_keys)
+            raise
+
+    def layouts(self) -> dict[str, tuple]:
+        """``(hidden, dtype)`` of the encoded outputs per modality, which the cache learns
+        from them when they are inserted."""
+        out: dict[str, tuple] = {}
+        for s in self.encoded:
+            out.setdefault(self.plan.modalities[s], (self.tensors[s].shape[-1], self.tensors[s].dtype))
+        return out
+
+    def insert(self) -> None:
+        """Cache what the step encoded, once the call stands."""
+        try:
+            insert_encoded(self.cache, self.plan, self.tensors, self.encoded, self.expected, checked=self.checked)
+        except BaseException:
+            # Refused, so the cache never looked for entries these outputs overwrote in a
+            # reused buffer: they go now.
+            if self.cache is not None and self.encoded:
+                self.cache.discard_storages(written_memory([self.tensors[s] for s in self.encoded]))
+            raise
+
+    def acknowledge(self) -> None:
+        acknowledge_hits(self.plan, self.context)
 
 
 # -- the SGLang-compatible entry ----------------------------------------------------------
@@ -366,22 +433,24 @@ def get_embedding_and_mask(
     """``sglang_compat.get_embedding_and_mask`` for a batch with EVS videos in it: rows in
     request order, the mask, and ``input_ids`` (a new tensor when a window was rewritten).
     The other requests take the ordinary path, batched across requests; the EVS ones are
-    resolved one by one after them, the order SGLang calls the encoder in. The pruned
-    videos are cached and their hits acknowledged only once the whole step is valid,
-    placeholder count included (it can only be checked after the rewrite)."""
+    resolved one by one after them, the order SGLang calls the encoder in. Nothing is
+    cached and no hit acknowledged before the whole call is valid, placeholder count
+    included (it can only be checked after the rewrite): the other requests' outputs wait
+    for the videos too."""
     n_requests = min(len(items_size) - 1, len(prefixes))
     pruned = set(pruned_video_requests(items, items_size, n_requests))
     device = input_ids.device
     chunks: dict[int, _Chunk] = {}
     plain = [i for i in range(n_requests) if i not in pruned and items_size[i] < items_size[i + 1]]
-    packed = None
+    planned = None
     if plain:
         plan = plan_columns(
             [items[items_size[i] : items_size[i + 1]] for i in plain], [prefixes[i] for i in plain],
             [extends[i] for i in plain], [offsets[i] for i in plain], [None] * len(plain), cache,
             context.max_tokens_per_encoder_call,
         )
-        packed = run_packed(plan, data_embedding_func, cache, context, device=device, move_features=True).embedding
+        planned = _PlannedRequests(plan, data_embedding_func, cache, context, device)
+    packed = None if planned is None else planned.rows
     cursor = 0
     for i in plain:
         n = count_mm_tokens_in_extend([prefixes[i]], [extends[i]], [offsets[i]])
@@ -393,7 +462,8 @@ def get_embedding_and_mask(
     expected = Expected(packed.shape[-1] if packed is not None else None, device, "this chunk's other requests' rows")
     if cache is not None and pruned:
         _learn_layouts(cache, expected,
-                       {modality_name(getattr(items[items_size[i]], "modality", "VIDEO")) for i in pruned})
+                       {modality_name(getattr(items[items_size[i]], "modality", "VIDEO")) for i in pruned},
+                       {} if planned is None else planned.layouts())
     ranks = None
     if context.group is not None:
         from .ranks.videos import (
@@ -406,17 +476,21 @@ def get_embedding_and_mask(
         step.resolve([(i, items[items_size[i] : items_size[i + 1]], prefixes[i], extends[i], offsets[i])
                       for i in sorted(pruned)])
         ids, rows, mask = step.place(chunks, input_ids, placeholder_tensor, extends, n_requests)
+        inserts = step.to_insert()
+        if planned is not None:
+            planned.insert()  # every rank has placed the videos: the call stands
     finally:
         update_cache(cache, evict=expected.evict)
         if cache is not None and step.written:
             # Memory the encoder returned videos in, which its next call may have reused:
             # an entry holding it by reference was overwritten, step or no step.
             cache.discard_storages(step.written)
-    inserts = step.to_insert()
     try:
         update_cache(cache, insert=inserts)
     except CacheLayoutError as exc:  # another thread's step cached another layout meanwhile
         raise step.named(exc) from None
+    if planned is not None:
+        planned.acknowledge()
     hit_items = step.hit_items()
     if hit_items and context.on_cache_hit is not None:
         context.on_cache_hit(hit_items, context.parallel)
@@ -495,9 +569,9 @@ class _VideoStep:
             self.found.update((misses[i], _Resolved(rows, counts, False)) for i, (rows, counts) in shared.items())
         if self.ranks is not None:
             failed = self.ranks.fault is not None
-            self.ranks.agree_frames([(self.units[u].index, self.units[u].hash, u[1]) for u in units],
+            self.ranks.agree_frames([(self.units[u].index, self.units[u].hash, u[1], u[0]) for u in units],
                                     [None if failed or u not in self.found else self.found[u].counts or []
-                                     for u in units])
+                                     for u in units], self.expected.evict)
 
     def _encode(self, video: _PrunedVideo, i: int, into: dict[int, _Resolved]) -> None:
         earlier = self.in_encoder_memory

@@ -7,14 +7,17 @@ many placeholder ids there are (SGLang passes one per item, so thousands in a la
 * on the CPU, int64 or int32 tokens, with the package's C helper built
   (``_placeholder_set.c``): one pass over the tokens against a hash set of the ids,
   which also counts the marks; the other paths below are its fallback;
-* a few ids (fewer than ``10 * tokens ** 0.145``): ``torch.isin``, which then compares
-  against each id directly;
-* many, on the CPU: a small hash table of the ids (open buckets on the low bits, each
-  bucket's ids in its own row), three cheap passes over ``input_ids``; about twice as
-  fast as ``isin``, which sorts (ids repeated until a bucket overflows, as one image token
-  id passed once per item is, are deduplicated first);
-* many, on a GPU: a sorted search (``isin`` would sort through ``unique`` and the table
-  would need its bucket depth on the host: both wait for the device).
+* on a GPU (and on ``meta``, a dry run of one), ``mm_schedule.kernels.placeholder_mask``:
+  one kernel launch comparing every token with every id, or beyond its size a sorted
+  search; neither waits for the device (``torch.isin`` sorts through ``unique`` for
+  large id sets, whose output size the host must read);
+* elsewhere, a few ids (fewer than ``10 * tokens ** 0.145``): ``torch.isin``, which then
+  compares against each id directly;
+* many, on the CPU without the C helper: a small hash table of the ids (open buckets on
+  the low bits, each bucket's ids in its own row), three cheap passes over ``input_ids``;
+  about twice as fast as ``isin``, which sorts (ids repeated until a bucket overflows, as
+  one image token id passed once per item is, are deduplicated first);
+* many, on another device: the sorted search.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 
 from .errors import EmbeddingLengthMismatch, InvalidItemError
+from .kernels.placeholder_mask import MASK_OP, marks_in_one_launch, sorted_membership
 
 try:
     from . import _placeholder_set
@@ -82,29 +86,20 @@ def _marked_in_one_pass(ids: Any, pads: Any) -> tuple[Any, int]:
     return mask, marked
 
 
-def _membership(ids: Any, pads: Any) -> Any:
+def _membership(ids: Any, pads: Any, kind: str | None = None) -> Any:
+    """``[N, 1]`` mask of 1-D ``ids`` and ``pads`` of one dtype on one device (of type ``kind``)."""
+    kind = kind or ids.device.type
     n = pads.numel()
+    if n and kind != "cpu" and marks_in_one_launch(ids, pads, kind):
+        return MASK_OP(ids, pads)  # already [N, 1]
     if n == 0 or n < 10 * ids.numel() ** 0.145:
         # torch.isin's own rule for comparing against each id (no sort, no device wait).
         return torch.isin(ids.view(-1, 1), pads)  # already [N, 1]
-    if ids.device.type == "cpu":
+    if kind == "cpu":
         mask = _table_lookup(ids, pads)
     else:
         mask = sorted_membership(ids, pads)
     return mask.unsqueeze(-1)
-
-
-def sorted_membership(ids: Any, pads: Any) -> Any:
-    """Which ``ids`` are among ``pads``: a token is one when the sorted ids hold it, i.e. its
-    left and right insertion points differ. Two searches and a subtraction: no gather, no
-    clamp, nothing read back to the host (the path for tensors on a device). The searches
-    are ``bucketize``, the same device kernel as ``searchsorted`` with its arguments swapped,
-    and the points are compared by an in-place subtraction read as bool: all three have
-    native shape functions, where ``searchsorted``'s and an out-of-place compare's run as
-    Python (meta and fake tensors: dry runs, tracing; ten times the host time)."""
-    pads = pads.sort().values
-    right = torch.bucketize(ids, pads, right=True, out_int32=True)
-    return right.sub_(torch.bucketize(ids, pads, out_int32=True)).bool()
 
 
 def _table_lookup(ids: Any, pads: Any) -> Any:
@@ -119,7 +114,7 @@ def _table_lookup(ids: Any, pads: Any) -> Any:
         distinct = pads.unique()
         if distinct.numel() < n:
             # Repeated ids (one image token id passed once per item) deepened the buckets.
-            return _membership(ids, distinct).view(-1)
+            return _membership(ids, distinct, "cpu").view(-1)
         return torch.isin(ids, pads)
     # Empty slots hold a real placeholder id, so matching one is still a right answer.
     table = pads[:1].expand(rows, size).clone()
@@ -156,10 +151,11 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any =
     request and item hash when ``plan``, the step's plan, is given); on a device an
     asynchronous device assert compares the counts, so the step never waits for the GPU;
     on ``meta`` (a dry run, no data) nothing can be compared."""
-    if input_ids.device.type != "cpu":
+    kind = input_ids.device.type
+    if kind != "cpu":
         ids = input_ids if input_ids.dim() == 1 else input_ids.reshape(-1)
-        mask = _device_mask(ids, placeholder_tensor)
-        if ids.device.type != "meta":
+        mask = _device_mask(ids, placeholder_tensor, kind)
+        if kind != "meta":
             torch._assert_async(
                 mask.sum() == rows,
                 f"mm_schedule: input_ids hold another number of placeholder tokens than the {rows} embedding rows"
@@ -177,15 +173,16 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any =
     return mask
 
 
-def _device_mask(ids: Any, placeholder_ids: Any) -> Any:
+def _device_mask(ids: Any, placeholder_ids: Any, kind: str) -> Any:
+    """``placeholder_mask`` of 1-D ``ids`` on a device of type ``kind`` (not the CPU)."""
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
     if pads.dtype is ids.dtype and pads.device == ids.device and pads.dim() == 1 and ids.dtype in _TOKEN_BYTES:
-        return _membership(ids, pads)  # SGLang's usual call: ids and pads of one int dtype on one device
+        return _membership(ids, pads, kind)  # SGLang's usual call: ids and pads of one int dtype on one device
     _integer(ids, "input_ids")
     _integer(pads, "placeholder ids")
     pads = pads.reshape(-1).to(ids.device, non_blocking=True)
     common = torch.promote_types(ids.dtype, pads.dtype)
-    return _membership(ids.to(common), pads.to(common))
+    return _membership(ids.to(common), pads.to(common), kind)
 
 
 def _culprit(mask: Any, plan: Any) -> tuple[Any, Any, str]:

@@ -27,7 +27,7 @@ Two assembly modes:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import is_not
@@ -39,7 +39,13 @@ from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_tab
 from .cache import EmbeddingCache
 from .context import StepContext
 from .encode import Encoders, encode_misses, written_memory
-from .errors import CachedEmbeddingError, CacheLayoutError, InvalidItemError, KernelInputError
+from .errors import (
+    CachedEmbeddingError,
+    CacheLayoutError,
+    EncoderOutputError,
+    InvalidItemError,
+    KernelInputError,
+)
 from .items import as_index
 from .kernels.segment_copy.contract import first_overlap
 from .plan import (
@@ -50,7 +56,6 @@ from .plan import (
     StepPlan,
     as_requests,
     plan_columns,
-    plan_step,
     request_columns,
 )
 from .spare import packed_buffer
@@ -111,15 +116,21 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
     keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if plan.has_hits else ()
     every = len(encoded) == len(keys) and list(encoded) == list(range(len(keys)))  # a cold step, in order
-    if every:
-        pairs, encoded_modalities = zip(keys, tensors), modalities
-    else:
-        pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
-    vouched = rows = None
+    vouched = None
     if checked and len(expected.dtypes) == 1 and expected.hidden is not None and expected.device is not None:
         vouched = (expected.hidden, next(iter(expected.dtypes)), expected.device)
-        rows = plan.rows if every else [plan.rows[s] for s in encoded]
     try:
+        if vouched is not None and expected.owned_storages is not None:
+            # Nothing to read again: each output was checked alone in its storage.
+            listed = (lambda column: column) if every else (lambda column: [column[s] for s in encoded])
+            cache.insert_outputs(listed(keys), listed(tensors), listed(plan.rows), listed(modalities), vouched,
+                                 expected.owned_storages, protect=protect, replace_learned=expected.proven)
+            return
+        if every:
+            pairs, encoded_modalities = zip(keys, tensors), modalities
+        else:
+            pairs, encoded_modalities = ((keys[s], tensors[s]) for s in encoded), [modalities[s] for s in encoded]
+        rows = None if vouched is None else plan.rows if every else [plan.rows[s] for s in encoded]
         cache.insert_many(pairs, protect=protect, modalities=encoded_modalities,
                           replace_learned=expected.proven, vouched=vouched, rows=rows)
     except CacheLayoutError as exc:
@@ -150,23 +161,36 @@ def update_cache(cache: EmbeddingCache | None, *, evict: Sequence[int] = (),
 
 def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: Expected) -> None:
     """What the cache holds (or was declared to hold) for each modality the step encodes,
-    into ``expected``, with the step's hits no such layout vouches for. In a step whose
-    hidden size ``input_embeds`` proves, a learned layout of another size binds nothing
-    (the step's inserts replace it)."""
+    into ``expected``: the layouts that bind it (declared, or learned and confirmed), the
+    learned ones nothing confirmed yet (``EmbeddingCache.layout_confirmed``: they bind no
+    output; the insert replaces them when the step's outputs disagree), and the step's
+    hits no layout vouches for. In a step whose hidden size ``input_embeds`` proves, a
+    learned layout of another size binds nothing (the step's inserts replace it)."""
     if cache is None or MISS not in plan.kinds:
         return
-    known, sources = {}, {}
+    known, weak, sources, disputes = {}, {}, {}, frozenset()
     for modality in set(plan.modalities):
         layout = cache.layout_of(modality)
         if (expected.proven and layout[0] is not None and layout[0] != expected.hidden) \
                 or cache.layout_changing(modality):
-            layout = cache.layout_of(modality, declared_only=True)
+            layout = binding = cache.layout_of(modality, declared_only=True)
+        else:
+            binding = cache.layout_of(modality, confirmed_only=True)
+        if binding != (None, None):
+            known[modality] = binding
+        if layout != binding:
+            weak[modality] = layout
+            disputes |= cache.disputes(modality)
         if layout != (None, None):
-            known[modality] = layout
             sources[modality] = cache.layout_source(modality)
-    unvouched = [key for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities)
-                 if kind is HIT and modality not in known] if plan.has_hits else []
-    expected.learn_cache_layouts(known, unvouched, sources)
+    unvouched, weak_hits = [], {}
+    if plan.has_hits:
+        for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities):
+            if kind is HIT and modality in weak:
+                weak_hits.setdefault(modality, []).append(key)
+            elif kind is HIT and modality not in known:
+                unvouched.append(key)
+    expected.learn_cache_layouts(known, unvouched, sources, weak=weak, weak_hits=weak_hits, disputes=disputes)
 
 
 def agree_across_ranks(plan: StepPlan, expected: Expected, context: StepContext) -> tuple[StepPlan, Any]:
@@ -244,6 +268,9 @@ class _Evictions:
         cache = self.cache
         if cache is None:
             return
+        dispute = self.expected.dispute
+        if dispute is not None:
+            cache.note_dispute(*dispute)
         evict = self.expected.evict
         if kind is not None and self.assembling and self.plan is not None and self.plan.has_hits:
             evict = evict + self.plan.hit_keys
@@ -268,30 +295,36 @@ def run_packed(plan: StepPlan, encoders: Encoders, cache: EmbeddingCache | None,
         plan, ranks = agree_across_ranks(plan, expected, context)
         tensors = prepare_rows(plan, encoders, cache, expected, move_features=move_features, ranks=ranks)
         step.plan, step.assembling = plan, True
-        embedding = None
-        if plan.n_rows:
-            target = out.dtype if out is not None else dtype
-            dtypes = expected.dtypes
-            if target is None:
-                target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
-            table = packed_table(plan)
-            if out is None and table.whole_sources_rows is not None and dtypes == {target}:
-                # Every source whole, in order, one dtype: the result is their concatenation,
-                # one torch call on any device (into reused memory for a large CPU result).
-                embedding = concat_rows(plan, tensors,
-                                        packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
-            else:
-                if out is None:
-                    out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
-                    if out is None:
-                        out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
-                else:
-                    _check_out(out, plan.n_rows, expected)
-                if len(dtypes) > 1:
-                    tensors = one_dtype(tensors, target)
-                embedding = copy_rows(tensors, table, out)
+        embedding = assemble_packed(plan, tensors, expected, out=out, dtype=dtype)
     acknowledge_hits(plan, context)
     return StepResult(plan, embedding)
+
+
+def assemble_packed(plan: StepPlan, tensors: Sequence[Any], expected: Expected, *, out: Any = None,
+                    dtype: Any = None) -> Any:
+    """Phase 7 in packed mode: the plan's rows from its checked source ``tensors``, into ``out``
+    or new memory of ``dtype`` (default: the sources' dtype, promoted if they differ); None
+    when the plan needs no row. Never a view of a source: the rows are copies."""
+    if not plan.n_rows:
+        return None
+    target = out.dtype if out is not None else dtype
+    dtypes = expected.dtypes
+    if target is None:
+        target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
+    table = packed_table(plan)
+    if out is None and table.whole_sources_rows is not None and dtypes == {target}:
+        # Every source whole, in order, one dtype: the result is their concatenation,
+        # one torch call on any device (into reused memory for a large CPU result).
+        return concat_rows(plan, tensors, packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
+    if out is None:
+        out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
+        if out is None:
+            out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=expected.device)
+    else:
+        _check_out(out, plan.n_rows, expected)
+    if len(dtypes) > 1:
+        tensors = one_dtype(tensors, target)
+    return copy_rows(tensors, table, out)
 
 
 def _concrete(device: Any) -> Any:
@@ -337,8 +370,26 @@ def embed_chunk(
     ``out``: a contiguous buffer of at least ``n_rows`` rows to write into.
     ``dtype``: of the new buffer (default: the sources' dtype, promoted if they differ).
     """
-    plan = plan_step(requests, cache, max_tokens_per_encoder_call=context.max_tokens_per_encoder_call)
-    return run_packed(plan, encoders, cache, context, device=device, out=out, dtype=dtype)
+    columns = request_columns(as_requests(requests))
+    return run_packed_planned(
+        lambda: plan_columns(*columns, cache, context.max_tokens_per_encoder_call),
+        encoders, cache, context, device=device, out=out, dtype=dtype,
+    )
+
+
+def run_packed_planned(make_plan: Callable[[], StepPlan], encoders: Encoders, cache: EmbeddingCache | None,
+                       context: StepContext, **packed: Any) -> StepResult:
+    """``run_packed`` of ``make_plan()``; planned once more when the step's cached hits of a
+    layout nothing vouches for (declared or confirmed) disagreed with its encoder outputs:
+    they were evicted with the error, so the second plan encodes them with the rest. With a
+    process group every rank must take the same path, so the error stands there (the
+    ranks settle it)."""
+    try:
+        return run_packed(make_plan(), encoders, cache, context, **packed)
+    except EncoderOutputError as exc:
+        if not getattr(exc, "hits_evicted", False) or context.group is not None or cache is None:
+            raise
+    return run_packed(make_plan(), encoders, cache, context, **packed)
 
 
 def embeddings_2d(input_embeds: Any) -> Any:

@@ -37,7 +37,7 @@ from .placeholders import (
     tokens_before,
 )
 from .plan import plan_columns
-from .scheduler import run_packed
+from .scheduler import run_packed_planned
 
 __all__ = [
     "DataEmbeddingFunc", "PerImageRequestInfo", "checked_mask", "count_mm_tokens_in_extend", "embedding_cache",
@@ -151,8 +151,13 @@ def embedding_and_mask(
             _as_list(extends), _as_list(offsets), cache=cache, context=context,
         )
     # The flat item list and its bounds, as SGLang passes them: no list per request.
-    plan = plan_columns(items, prefixes, extends, offsets, [None] * n, cache, context.max_tokens_per_encoder_call,
-                        bounds=items_size[: n + 1])
+    bounds, row_offsets = items_size[: n + 1], [None] * n
+
+    def make_plan():
+        return plan_columns(items, prefixes, extends, offsets, row_offsets, cache, context.max_tokens_per_encoder_call,
+                            bounds=bounds)
+
+    plan = make_plan()
     if not plan.n_rows:
         return None, None, input_ids
     # Checked before anything is encoded or cached.
@@ -160,7 +165,9 @@ def embedding_and_mask(
         mask = checked_mask(input_ids, placeholder_tensor, plan.n_rows, plan)
     else:
         mask = marked_placeholders(input_ids, placeholder_tensor)[0]
-    result = run_packed(plan, data_embedding_func, cache, context, device=input_ids.device, move_features=True)
+    first = [plan]  # the first plan is this one; a second (see run_packed_planned) is made anew
+    result = run_packed_planned(lambda: first.pop() if first else make_plan(), data_embedding_func, cache, context,
+                                device=input_ids.device, move_features=True)
     return result.embedding, mask, input_ids
 
 

@@ -31,17 +31,31 @@ from .errors import (
 )
 from .plan import HIT, PRECOMPUTED, StepPlan
 
+try:
+    from ._output_checks import plain_outputs as _plain_outputs
+except ImportError:  # installed without a C compiler: the Python checks answer alone
+    _plain_outputs = None
+
 _FROM_HITS = "this step's cached entries"
 
 
 class Expected:
     """The hidden size, device and source dtypes of a step, learned as sources are checked.
 
-    ``known``: ``modality -> (hidden, dtype)`` the cache holds (or was declared to hold),
-    each None where unknown; ``hidden_from`` says what fixed ``hidden`` (for messages);
-    ``evict``: keys of cached entries found unfit, for the step to evict."""
+    ``known``: ``modality -> (hidden, dtype)`` the cache holds (or was declared to hold)
+    and that binds the step (declared, or learned and confirmed), each None where unknown;
+    ``weak``: learned layouts nothing confirmed yet, which bind no output but name the odd
+    one out of a batch at odds with itself; ``hidden_from`` says what fixed ``hidden`` (for
+    messages); ``evict``: keys of cached entries found unfit, for the step to evict;
+    ``dispute``: set when the step is refused because its outputs disagree with its own
+    hits of a weak layout: ``(modalities, (hidden, dtype))`` of those outputs, which the
+    step reports to the cache (``EmbeddingCache.note_dispute``).
+    ``owned_storages``: set by ``check_outputs`` when every encoder output is cached as
+    it came (alone in its storage, nothing copied): each one's ``storage_id``, in the
+    order of the sources encoded (none listed on ``meta``); None otherwise."""
 
-    __slots__ = ("device", "dtypes", "evict", "hidden", "hidden_from", "known", "proven", "sources", "unvouched")
+    __slots__ = ("device", "dispute", "disputes", "dtypes", "evict", "hidden", "hidden_from", "known", "owned_storages",
+                 "proven", "sources", "unvouched", "weak", "weak_hits")
 
     def __init__(self, hidden: int | None, device: Any, hidden_from: str = "input_embeds") -> None:
         self.hidden = hidden
@@ -51,25 +65,72 @@ class Expected:
         self.device = device
         self.dtypes: set = set()
         self.known: dict[str, tuple] = {}
+        self.weak: dict[str, tuple] = {}
         self.sources: dict[str, str] = {}
         self.evict: list[int] = []
         self.unvouched: list[int] = []
+        self.weak_hits: dict[str, list[int]] = {}
+        self.disputes: frozenset = frozenset()
+        self.dispute: tuple | None = None
+        self.owned_storages: list | None = None
 
-    def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int], sources: dict[str, str]) -> None:
+    def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int], sources: dict[str, str], *,
+                            weak: dict[str, tuple] | None = None, weak_hits: dict[str, list[int]] | None = None,
+                            disputes: frozenset = frozenset()) -> None:
         """What the cache holds per modality; fixes the step's hidden size when nothing
-        else has and the modalities agree on one. ``unvouched``: the step's hits of
+        else has and the binding layouts agree on one. ``unvouched``: the step's hits of
         modalities the cache knows no layout for (entries ``set`` without one): when
         they fixed the hidden size and an output disagrees, either side may be wrong,
-        so they are evicted with the error rather than fail every later step."""
+        so they are evicted with the error rather than fail every later step.
+        ``weak_hits``: the step's hits of ``weak`` layouts, per modality; ``disputes``:
+        layouts earlier steps' outputs brought against such hits (``EmbeddingCache.disputes``)."""
         self.known = known
         self.sources = sources
         self.unvouched = unvouched
+        self.weak = weak or {}
+        self.weak_hits = weak_hits or {}
+        self.disputes = disputes
         if self.hidden is None:
             sizes = {hidden for hidden, _ in known.values() if hidden is not None}
             if len(sizes) == 1:
                 self.hidden = sizes.pop()
                 self.hidden_from = "; ".join(
                     sources.get(m, f"what the cache holds for {m}") for m, (h, _) in known.items() if h == self.hidden)
+
+
+def _weak_hits_disagree(expected: Expected, modalities: list[str], layout: tuple) -> tuple[str, bool]:
+    """An output of ``layout`` disagrees with the step's own hits of the unconfirmed learned
+    layouts of ``modalities``. Either side may be the faulty one: the first such step is
+    refused with nothing evicted and reports the dispute; a later one bringing the same
+    layout against them wins (the hits are evicted, and the step may be planned again).
+    Returns the error's note and whether the hits were evicted."""
+    if layout in expected.disputes:
+        for modality in modalities:
+            expected.evict.extend(expected.weak_hits.get(modality, ()))
+        return (" (what this step's cached entries hold, a layout learned from fewer than three inserts that an"
+                " earlier step's outputs disputed too; they were evicted)"), True
+    expected.dispute = (tuple(modalities), layout)
+    return (" (what this step's cached entries hold, a layout learned from fewer than three inserts and not yet"
+            f" confirmed; nothing was evicted, and a later step whose outputs bring hidden size {layout[0]} and"
+            f" dtype {layout[1]} against them replaces it)"), False
+
+
+def _check_weak(plan: StepPlan, s: int, piece: Any, expected: Expected) -> None:
+    """``piece`` (source ``s``'s output) against the step's own hits of its modality's
+    unconfirmed learned layout, when there are any (see ``_weak_hits_disagree``)."""
+    modality = plan.modalities[s]
+    weak = expected.weak.get(modality)
+    if weak is None or not expected.weak_hits.get(modality):
+        return
+    layout = (piece.shape[-1], piece.dtype)
+    if (weak[0] is None or layout[0] == weak[0]) and (weak[1] is None or layout[1] == weak[1]):
+        return
+    note, evicted = _weak_hits_disagree(expected, [modality], layout)
+    error = EncoderOutputError(
+        f"{_labels(plan, [s])}: the encoder output has hidden size {layout[0]} and dtype {layout[1]}, expected"
+        f" hidden size {weak[0]} and dtype {weak[1]}{note}")
+    error.hits_evicted = evicted
+    raise error
 
 
 def _labels(plan: StepPlan, sources: Sequence[int]) -> str:
@@ -105,12 +166,16 @@ def check_tensor(t: Any, expected: Expected, where: str, what: str) -> Any:
         expected.hidden = hidden
         expected.hidden_from = f"{where}, the step's first source of a known size"
     elif hidden != expected.hidden:
-        note = f" ({expected.hidden_from})" if expected.hidden_from else ""
+        note, evicted = f" ({expected.hidden_from})" if expected.hidden_from else "", False
         if expected.hidden_from == _FROM_HITS and expected.unvouched:
             expected.evict.extend(expected.unvouched)
-            note = " (the hidden size of this step's cached entries, which no declared or learned layout vouches for;" \
-                " they were evicted)"
-        raise EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
+            note, evicted = " (the hidden size of this step's cached entries, which no declared or learned layout" \
+                " vouches for; they were evicted)", True
+        elif expected.hidden_from == _FROM_HITS and expected.weak_hits:
+            note, evicted = _weak_hits_disagree(expected, list(expected.weak_hits), (hidden, t.dtype))
+        error = EncoderOutputError(f"{where}: {what} has hidden size {hidden}, expected {expected.hidden}{note}")
+        error.hits_evicted = evicted  # the step may be planned again: those hits are misses now
+        raise error
     expected.dtypes.add(t.dtype)
     if t.requires_grad:
         t = t.detach()  # inference path: the cache must never keep an autograd graph alive
@@ -213,6 +278,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
     ``written``: memory the step's encoder calls returned outputs in, besides what
     ``outputs`` show (``encode_misses``); a hit there was overwritten too."""
     encoded = []
+    owned: list | None = []  # storage of every output cached as it came, while all are
     hit_storages = _hit_storages(plan)
     if written and hit_storages and not written.isdisjoint(hit_storages):
         _overwritten_hit(plan, hit_storages[next(s for s in hit_storages if s in written)],
@@ -230,8 +296,14 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                     " for a video item carrying pre_chunked_input_ids"
                 )
             output = output.embedding
+        storages = None  # each output's storage, when all are plain (``_plain_list``)
         if isinstance(output, (list, tuple)):
-            pieces, uniform = _check_list(plan, batch, whole, output, item_rows, expected)
+            if not whole and not hit_storages and not encoder.copy_outputs:
+                storages = _plain_list(output, item_rows, expected)
+            if storages is not None:
+                pieces, uniform = output if type(output) is list else list(output), True
+            else:
+                pieces, uniform = _check_list(plan, batch, whole, output, item_rows, expected)
             if whole:
                 pieces = [pieces[0] if len(pieces) == 1 else torch.cat(pieces)]
         elif isinstance(output, torch.Tensor):
@@ -241,26 +313,51 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 f"{_labels(plan, batch)}: encoder returned {type(output).__name__}; expected a tensor or a list of tensors"
             )
         encoded.extend(batch)
-        if uniform and not hit_storages and not encoder.copy_outputs and _plain(pieces):
+        if storages is not None or (uniform and not hit_storages and not encoder.copy_outputs and _plain(pieces)):
             # One layout for the whole batch (a list every tensor of which passed as it is, or
             # one tensor's rows): checked against the modality's layout once, stored as they are.
             known = expected.known.get(plan.modalities[batch[0]])
             if known is not None:
                 _check_known(plan, batch[0], pieces[0], known, expected.sources.get(plan.modalities[batch[0]], ""))
+            if expected.weak_hits:
+                _check_weak(plan, batch[0], pieces[0], expected)
             for s, piece in zip(batch, pieces):
                 tensors[s] = piece
+            if storages is None or owned is None:
+                owned = None
+            else:
+                owned.extend(storages)
             continue
+        owned = None
         for s, piece in zip(batch, pieces):
             known = expected.known.get(plan.modalities[s])
             if known is not None:
                 _check_known(plan, s, piece, known, expected.sources.get(plan.modalities[s], ""))
+            if expected.weak_hits:
+                _check_weak(plan, s, piece, expected)
             if hit_storages and storage_id(piece) in hit_storages:
                 _overwritten_hit(plan, hit_storages[storage_id(piece)], f"the encoder's output for {_labels(plan, [s])}",
                                  expected)
             if encoder.copy_outputs and owns_storage(piece):
                 piece = piece.clone()
             tensors[s] = plain_rows(piece)
+    expected.owned_storages = owned
     return encoded
+
+
+def _plain_list(output: Any, item_rows: list[int], expected: Expected) -> list | None:
+    """The storage of each tensor of ``output`` (none listed on ``meta``) when every one is
+    fit to be checked and cached as it is: what ``_uniform_list`` accepts, besides contiguous,
+    not a negated view and alone in its storage. One C pass (``_output_checks.c``); None when
+    any tensor is not, or without the C helper (the caller's checks then decide)."""
+    if _plain_outputs is None or type(output) is not list or len(output) != len(item_rows):
+        return None
+    found = _plain_outputs(output, item_rows, expected.hidden, expected.device, torch.Tensor)
+    if found is None:
+        return None
+    dtype, hidden, device, storages = found
+    _learn(expected, hidden, dtype, device)
+    return () if storages is None else storages
 
 
 _negated, _contiguous = methodcaller("is_neg"), methodcaller("is_contiguous")
@@ -333,10 +430,12 @@ def _check_list(plan, batch, whole, output, item_rows, expected) -> list[Any]:
         return pieces, True
     if expected.hidden is None:
         # Nothing else fixes the hidden size: the outputs' most common one does, so the
-        # odd output is the one named.
+        # odd output is the one named (the cache's unconfirmed layout breaks a tie).
         sizes = Counter(t.shape[-1] for t in output if getattr(t, "ndim", 0) >= 2)
         if sizes:
-            expected.hidden = sizes.most_common(1)[0][0]
+            hint = expected.weak.get(plan.modalities[batch[0]], (None, None))[0]
+            top = sizes.most_common(1)[0][1]
+            expected.hidden = hint if sizes.get(hint) == top else sizes.most_common(1)[0][0]
     items = [item for s in batch for item in plan.items_of(s)] if whole else [plan.first_items[s] for s in batch]
     requests = [plan.requests[batch[0]]] * len(items) if whole else [plan.requests[s] for s in batch]
     pieces = []

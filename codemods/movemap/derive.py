@@ -165,7 +165,7 @@ def lifetimes(history: Sequence[tuple[str, Source | None, Source | None]]
 
 def _header(command: list[str], sources: list[tuple[str, Source | None]]) -> dict:
     return {
-        "generated_by": "mm_schedule.codemods.derive; regenerate with the command below, never edit by hand",
+        "generated_by": "mm-schedule-codemod derive; regenerate with the command below, never edit by hand",
         "command": shlex.join([*PROG.split(), *command]),
         "sources": [s.describe(role) for role, s in sources if s is not None],
     }

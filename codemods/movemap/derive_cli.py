@@ -1,6 +1,6 @@
 """``mm-schedule-codemod derive``: the command line of ``derive``.
 
-``python -m mm_schedule.codemods.derive --help`` runs it as well.
+``python -m mm_schedule.codemods.movemap.derive_cli --help`` runs it as well.
 """
 
 from __future__ import annotations

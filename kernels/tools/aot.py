@@ -173,6 +173,27 @@ def placeholder_merge_specs(v: Variant) -> list[AotSpec]:
 SPEC_BUILDERS = {"segment_gather": segment_gather_specs, "placeholder_merge": placeholder_merge_specs}
 
 
+def placeholder_mask_specs() -> list[AotSpec]:
+    """The placeholder mask's kernel (``placeholder_mask.py``; untuned, so outside the
+    registry's per-config specs): int64 and int32 tokens against int64 and int32 ids, with
+    every pointer 16-byte aligned and with none, as its launcher specialises them."""
+    from ..placeholder_mask import BLOCK_IDS, BLOCK_TOKENS, NUM_WARPS, placeholder_mask_kernel
+
+    specs = []
+    for tokens in ("*i64", "*i32"):
+        for ids in ("*i64", "*i32"):
+            for aligned in (True, False):
+                signature = {"tokens_ptr": tokens, "ids_ptr": ids, "out_ptr": "*u8", "n_tokens": "i32",
+                             "n_ids": "i32", "BLOCK_T": "constexpr", "BLOCK_I": "constexpr"}
+                divisible = ["tokens_ptr", "ids_ptr", "out_ptr"] if aligned else []
+                specs.append(AotSpec(
+                    "placeholder_mask", f"{tokens[1:]}-{ids[1:]}-{'aligned' if aligned else 'unaligned'}",
+                    placeholder_mask_kernel, signature, {"BLOCK_T": BLOCK_TOKENS, "BLOCK_I": BLOCK_IDS},
+                    _divisibility(placeholder_mask_kernel, divisible), {"num_warps": NUM_WARPS, "num_stages": 1},
+                ))
+    return specs
+
+
 # --- compiling and inspecting (the AOT tests and ``python -m mm_schedule.kernels.tools.aot``) ---
 
 TARGETS = {

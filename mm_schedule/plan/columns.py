@@ -125,10 +125,10 @@ class StepPlan(NamedTuple):
 
     def with_lookups(self, lookup: Any) -> StepPlan:
         """This plan (every cached source planned a miss) with the sources ``lookup`` finds
-        turned into hits and the misses cut into encoder batches. ``lookup(keys, rows)``
-        returns ``(tensor or None per key, layout shared by the cache's entries)``, e.g.
-        ``EmbeddingCache.lookup_many``, optionally with a third element, True when every
-        key was found; None: nothing is cached."""
+        turned into hits and the misses cut into encoder batches. ``lookup(keys, rows,
+        modalities)`` returns ``(tensor or None per key, layout shared by the cache's
+        entries)``, e.g. ``EmbeddingCache.lookup_many``, optionally with a third element,
+        True when every key was found; None: nothing is cached."""
         kinds, tensors, layout = self.kinds, self.tensors, None
         if lookup is not None and MISS in kinds:
             # Lists of one member compare by identity, element by element in C: far cheaper
@@ -137,9 +137,9 @@ class StepPlan(NamedTuple):
                 wanted = [i for i, kind in enumerate(kinds) if kind is MISS]
             else:
                 wanted = None  # every source a miss: all looked up, in order
-            keys, rows = (self.keys, self.rows) if wanted is None else (
-                [self.keys[i] for i in wanted], [self.rows[i] for i in wanted])
-            found, layout, *every = lookup(keys, rows)
+            keys, rows, modalities = (self.keys, self.rows, self.modalities) if wanted is None else (
+                [self.keys[i] for i in wanted], [self.rows[i] for i in wanted], [self.modalities[i] for i in wanted])
+            found, layout, *every = lookup(keys, rows, modalities)
             if wanted is None:
                 tensors = found
                 kinds = [HIT] * len(found) if every and every[0] else [MISS if t is None else HIT for t in found]

@@ -17,9 +17,10 @@ def plan_step(requests: Iterable[RequestChunk], cache: Any = None, *,
               max_tokens_per_encoder_call: int | None = None) -> StepPlan:
     """Build the plan for one step over all modalities present in ``requests``.
 
-    ``cache``: anything with ``lookup_many`` (an ``EmbeddingCache``), read through that
-    one call for every key of the step at once (a cached entry whose row count is not
-    the item's placeholder count is a miss; the cache drops it); None: all misses.
+    ``cache``: anything with ``lookup_many(keys, rows)`` (an ``EmbeddingCache``, whose
+    ``lookup_all`` also takes each key's modality), read through that one call for every
+    key of the step at once (a cached entry whose row count is not the item's placeholder
+    count, or of another modality, is a miss); None: all misses.
     """
     return plan_columns(*request_columns(as_requests(requests)), cache, max_tokens_per_encoder_call)
 
@@ -58,4 +59,15 @@ def plan_columns(items, prefixes, extends, offsets, row_offsets, cache, budget, 
         if bounds is not None:
             items = request_slices(items, bounds)
         plan = plan_general(items, prefixes, extends, offsets, row_offsets, budget)
-    return plan.with_lookups(None if cache is None else getattr(cache, "lookup_all", None) or cache.lookup_many)
+    return plan.with_lookups(_lookup_of(cache))
+
+
+def _lookup_of(cache: Any) -> Any:
+    """``cache``'s lookup as ``with_lookups`` calls it: ``(keys, rows, modalities)``."""
+    if cache is None:
+        return None
+    lookup_all = getattr(cache, "lookup_all", None)
+    if lookup_all is not None:
+        return lookup_all
+    lookup_many = cache.lookup_many
+    return lambda keys, rows, modalities: lookup_many(keys, rows)

@@ -146,13 +146,16 @@ def _add_unit(cols, pieces, index, modality, items, spans_per_item, window, prec
         rows_before += e - s + 1
 
 
-def _claim(cols, key, item, modality, index, tokens) -> None:
-    """The item hash ``key`` names ``modality`` in this step, or ``ConflictingHashError``."""
-    first = cols.modality_of_key.setdefault(key, (modality, index, tokens))
+def _claim(cols, key, item, modality, index, tokens, combined: bool = False) -> None:
+    """The cache key ``key`` names ``modality`` in this step, or ``ConflictingHashError``.
+    ``combined``: ``key`` is the combined key of a whole-request source (``item`` its first)."""
+    what = (f"a {modality} source of {tokens} tokens cached under the combined key of its items' hashes"
+            if combined else f"a {modality} item of {tokens} tokens")
+    first = cols.modality_of_key.setdefault(key, (modality, index, what))
     if first[0] != modality:
+        subject = f"the combined key {key}" if combined else f"item hash {getattr(item, 'hash', None)!r}"
         raise ConflictingHashError(
-            f"request {index}: item hash {getattr(item, 'hash', None)!r} is a {modality} item of {tokens}"
-            f" tokens, and request {first[1]} has a {first[0]} item of {first[2]} tokens with the same hash;"
+            f"request {index}: {subject} is {what}, and request {first[1]} has {first[2]} with the same hash;"
             " one hash names one embedding, so give the items distinct hashes",
             item_hash=getattr(item, "hash", None), modalities=(first[0], modality),
         )
@@ -174,6 +177,10 @@ def _source(cols, index, modality, items, spans_per_item, precomputed) -> int:
         for item, n in zip(items, item_rows):
             _claim(cols, item_key(getattr(item, "hash", None), index) if not per_item else key, item,
                    modality, index, n)
+        if not per_item:
+            # The combined key is a cache key too: an item hash of another modality equal to
+            # it would share its entry.
+            _claim(cols, key, items[0], modality, index, rows, combined=True)
     found = cols.by_identity.get(identity)
     if found is not None:
         return found

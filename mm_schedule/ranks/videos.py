@@ -13,7 +13,8 @@ item, through the same collectives:
    encoder parallelism its share), the ranks settle the outcome, and in parallel mode
    exchange the rows and frame counts, so every rank holds every video's result.
    Then ``agree_frames``: every video's frame counts (from the cache or the encoder)
-   must be the same on every rank, or every rank raises ``RankFaultError``.
+   must be the same on every rank, or every rank evicts the video and raises
+   ``RankFaultError``.
 3. ``finish``: after the rewrite of ``input_ids`` and the placeholder check, a fault
    on any rank is raised on all, before any rank changes its cache.
 """
@@ -108,27 +109,36 @@ class VideoRanks:
                 break
         return out
 
-    def agree_frames(self, units: Sequence[tuple[int, Any, int]], counts: Sequence[Any]) -> None:
-        """Every video's frame counts (``counts[i]`` for ``units[i]``, its ``(request,
-        item hash, placeholder tokens)``; None where this rank has none) must be the same on every rank: the counts
-        decide where each rank moves the video's placeholders, so ranks that pruned one
-        video differently would build different ``input_ids``. Raises ``RankFaultError``
-        on every rank alike (they all compare the same gathered lists), before any cache
-        changes."""
+    def agree_frames(self, units: Sequence[tuple[int, Any, int, int]], counts: Sequence[Any],
+                     evict: list[int]) -> None:
+        """Every video's frame counts (``counts[i]`` for ``units[i]``, its ``(request, item
+        hash, placeholder tokens, cache key)``; None where this rank has none) must be the
+        same on every rank: the counts decide where each rank moves the video's
+        placeholders, so ranks that pruned one video differently would build different
+        ``input_ids``. Raises ``RankFaultError`` on every rank alike (they all compare the
+        same gathered lists), before any cache changes but one: every rank names the
+        disagreeing videos' keys in ``evict``, as entries that may not be served. Cached
+        entries that disagree would otherwise be agreed hits at every later step, and fail
+        every one of them."""
         mine = [None if c is None else [int(x) for x in c] for c in counts]
         every = self.group.all_gather_objects(mine, "agreeing on EVS frame counts")
         if any(len(theirs) != len(mine) or None in theirs for theirs in every):
             return  # a rank failed before it knew every count: finish() raises its fault everywhere
-        for i, (unit, first) in enumerate(zip(units, every[0])):
-            odd = [rank for rank, theirs in enumerate(every) if theirs[i] != first]
-            if odd:
-                per_rank = ", ".join(f"rank {r}: {theirs[i]}" for r, theirs in enumerate(every))
-                request, item_hash, tokens = unit
-                raise RankFaultError(
-                    f"request {request}, EVS video item hash {item_hash!r} ({tokens} placeholder tokens): the ranks"
-                    f" pruned it to different frame token counts ({per_rank}), so their input_ids would differ;"
-                    " nothing of this step was cached", rank=odd[0], request=request, item_hash=item_hash,
-                )
+        divergent = [i for i, first in enumerate(every[0]) if any(theirs[i] != first for theirs in every)]
+        if not divergent:
+            return
+        evict.extend(units[i][3] for i in divergent)
+        i = divergent[0]
+        request, item_hash, tokens, _ = units[i]
+        per_rank = ", ".join(f"rank {r}: {theirs[i]}" for r, theirs in enumerate(every))
+        odd = next(r for r, theirs in enumerate(every) if theirs[i] != every[0][i])
+        more = f" (and {len(divergent) - 1} more of this step's videos, evicted too)" if len(divergent) > 1 else ""
+        raise RankFaultError(
+            f"request {request}, EVS video item hash {item_hash!r} ({tokens} placeholder tokens): the ranks"
+            f" pruned it to different frame token counts ({per_rank}){more}, so their input_ids would differ;"
+            " nothing of this step was cached, and every rank evicted the video, so the next step encodes it again",
+            rank=odd, request=request, item_hash=item_hash,
+        )
 
     def finish(self) -> None:
         """The last meeting point of the step: a fault anywhere is raised everywhere."""

@@ -192,14 +192,14 @@ def test_pass_ratios_give_the_spread_of_every_pass():
 
 def test_the_mask_alone_is_timed_and_counted_for_both_drop_ins():
     """Each side's placeholder mask on a case's own inputs: SGLang's ``torch.isin`` plus the
-    reshape (2 operators), ours the sorted search (6, with more placeholder ids than tokens'
-    direct-comparison rule allows); the last column takes each side's mask out of its step."""
+    reshape (2 operators), ours the one-launch mask operator (1: what a GPU launches); the
+    last column takes each side's mask out of its step."""
     release = bench._sglang_wheels.load_release("0.5.19")
     run = bench.CaseRun(bench.on_meta(bench.build_batch(64, seed=3)), True)
     masks = bench.mask_alone(release, [run], rounds=3)
     (ours_us, ours_ops), (theirs_us, theirs_ops) = masks[("all-miss", 64)][bench.OURS_COMPAT], \
         masks[("all-miss", 64)][bench.SGL19]
-    assert ours_us > 0 and theirs_us > 0 and (ours_ops, theirs_ops) == (6, 2)
+    assert ours_us > 0 and theirs_us > 0 and (ours_ops, theirs_ops) == (1, 2)
     # The report's arithmetic, on numbers chosen by hand: (900 - 50) / (500 - 160) = 2.5.
     result = bench.CaseResult("all-miss", 64, 1, {bench.SGL19: 900.0, bench.OURS_COMPAT: 500.0}, {}, {}, {})
     text = "\n".join(bench.mask_section([result], {("all-miss", 64): {bench.OURS_COMPAT: (160.0, 6),

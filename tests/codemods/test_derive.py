@@ -640,7 +640,7 @@ def test_cli_input_errors_exit_3_like_the_migration_command(tmp_path, capsys):
 
 def test_runs_as_a_module(tmp_path):
     args = _cli_files(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "mm_schedule.codemods.derive", *args],
+    proc = subprocess.run([sys.executable, "-m", "mm_schedule.codemods.movemap.derive_cli", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert MoveMap.from_dict(json.loads(proc.stdout)).moved == {"f": MovedName("function", False)}

@@ -483,17 +483,23 @@ def evs_faults(rank: int, world: int, group, *, parallel: bool, mode: str) -> di
         mm_schedule.set_step_context(StepContext())
 
 
+def moved_frame_token(kept) -> list[int]:
+    """The frame counts with one token moved from one frame to the next (the same rows in
+    all, other frame counts), as a rank with another pruning threshold keeps them."""
+    kept = list(kept)
+    i = next(f for f, n in enumerate(kept) if n > 0)
+    kept[i] -= 1
+    kept[(i + 1) % len(kept)] += 1
+    return kept
+
+
 class DivergentEVSEncoder(EVSEncoder):
-    """Prunes the first video the other way: one token moved from one frame to the next
-    (the same rows in all, other frame counts), as a rank with another pruning threshold."""
+    """Prunes the first video the other way (``moved_frame_token``)."""
 
     def __call__(self, items):
         out = super().__call__(items)
         if items[0].hash == 60_001:
-            kept = list(out.num_tokens_per_frame)
-            i = next(f for f, n in enumerate(kept) if n > 0)
-            kept[i] -= 1
-            kept[(i + 1) % len(kept)] += 1
+            kept = moved_frame_token(out.num_tokens_per_frame)
             out = EVSEmbeddingResult(embedding=out.embedding, num_tokens_per_frame=kept)
         return out
 
@@ -519,6 +525,96 @@ def evs_divergent(rank: int, world: int, group) -> dict:
         mm_schedule.set_step_context(StepContext())
 
 
+def evs_whole_windows(prompts: list[Prompt]) -> list[tuple[int, int]]:
+    """Every prompt in one window: all three videos (the plain one too) in one call."""
+    return [(0, len(p.ids)) for p in prompts]
+
+
+def _evs_whole_call(enc, prompts):
+    return mm_schedule.get_embedding_and_mask(enc, *layout(prompts, evs_whole_windows(prompts)))
+
+
+def _evs_whole_outcome(enc, prompts) -> dict:
+    """A call expected to succeed, recorded (its error too: raised here, it would end the
+    process and every scenario after it)."""
+    enc.calls.clear()
+    try:
+        rows, mask, ids = _evs_whole_call(enc, prompts)
+    except Exception as exc:
+        return {"error": _error(exc)}
+    return {"error": None, "rows": rows, "mask": mask, "ids": ids, "calls": list(enc.calls)}
+
+
+def _cache_snapshot(prompts: list[Prompt]) -> dict:
+    """What the cache holds: its entry count and bytes, and per video (under its request's
+    key, as SGLang's function keys every request) its rows and frame counts, or None."""
+    cache = mm_schedule.sglang_compat.embedding_cache
+    held = {}
+    for p in prompts:
+        key = evs_key(p)
+        value = cache.get_single(key) if cache.has(key) else None
+        if value is not None:
+            rows = value if isinstance(value, torch.Tensor) else value.embedding
+            counts = getattr(value, "num_tokens_per_frame", None)
+            value = (rows.clone(), None if counts is None else list(counts))
+        held[p.video.hash] = value
+    stats = cache.stats()
+    return {"entries": stats.entries, "bytes": stats.bytes, "held": held}
+
+
+def evs_divergent_beside_a_plain_video(rank: int, world: int, group) -> dict:
+    """One call with both EVS videos and the plain multi-span video, the second EVS video
+    already cached (right) on every rank; rank 1 prunes the first one differently. The
+    planned step for the plain video succeeds before the videos meet, yet the call fails:
+    the cache must be as it was. Then the same call with every rank pruning alike."""
+    prompts = evs_prompts()
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    cache = mm_schedule.sglang_compat.embedding_cache
+    second = prompts[1]
+    entry = EVSEmbeddingResult(embedding=second.rows.clone(), num_tokens_per_frame=list(second.kept))
+    cache.set(evs_key(second), entry)
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=False, on_cache_hit=None))
+    record: dict = {"error": None, "before": _cache_snapshot(prompts)}
+    try:
+        try:
+            _evs_whole_call(DivergentEVSEncoder(prompts) if rank == 1 else EVSEncoder(prompts), prompts)
+        except Exception as exc:
+            record["error"] = _error(exc)
+        record["after_fault"] = _cache_snapshot(prompts)
+        record["after"] = _evs_whole_outcome(EVSEncoder(prompts), prompts)
+        record["held"] = _cache_snapshot(prompts)
+        return record
+    finally:
+        mm_schedule.set_step_context(StepContext())
+
+
+def evs_divergent_cached(rank: int, world: int, group) -> dict:
+    """Every rank holds both EVS videos, rank 1 the first with other frame counts (as if
+    it had pruned it differently when it cached it): an agreed hit whose counts disagree.
+    The first call fails on every rank and must evict that entry everywhere; the second,
+    every rank pruning alike, encodes it again and succeeds."""
+    prompts = evs_prompts()
+    mm_schedule.init_mm_embedding_cache(1 << 20)
+    cache = mm_schedule.sglang_compat.embedding_cache
+    for p in prompts[:2]:
+        kept = moved_frame_token(p.kept) if rank == 1 and p.video.hash == 60_001 else list(p.kept)
+        cache.set(evs_key(p), EVSEmbeddingResult(embedding=p.rows.clone(), num_tokens_per_frame=kept))
+    mm_schedule.set_step_context(StepContext(group=group, encoder_parallel=False, on_cache_hit=None))
+    record: dict = {"error": None}
+    try:
+        enc = EVSEncoder(prompts)
+        try:
+            _evs_whole_call(enc, prompts)
+        except Exception as exc:
+            record["error"] = _error(exc)
+        record["after_fault"] = _cache_snapshot(prompts)
+        record["after"] = _evs_whole_outcome(enc, prompts)
+        record["held"] = _cache_snapshot(prompts)
+        return record
+    finally:
+        mm_schedule.set_step_context(StepContext())
+
+
 def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> dict:
     results = {}
     for parallel in (False, True):
@@ -533,6 +629,8 @@ def scenarios(rank: int, world: int, group, short_timeout_group, rows_group) -> 
         for mode in ("raise", "ids"):
             results[("evs_faults", parallel, mode)] = evs_faults(rank, world, group, parallel=parallel, mode=mode)
     results["evs_divergent"] = evs_divergent(rank, world, group)
+    results["evs_divergent_plain"] = evs_divergent_beside_a_plain_video(rank, world, group)
+    results["evs_divergent_cached"] = evs_divergent_cached(rank, world, group)
     results["compat"] = sglang_compat(rank, world, group, seed=world * 10 + 5)
     results["bad_entry"] = bad_entry(rank, world, group)
     results["many_keys"] = many_keys(rank, world, group)

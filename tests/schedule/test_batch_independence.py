@@ -176,3 +176,71 @@ def test_a_hash_of_a_multi_span_video_and_of_an_image_is_refused(monkeypatch, wi
         embed_chunk(reqs, encoders, cache=cache)
     assert info.value.modalities == ("VIDEO", "IMAGE")
     assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []
+
+
+@pytest.mark.parametrize("with_c_pass", [True, False], ids=["c-pass", "python-pass"])
+@pytest.mark.parametrize("steady", [True, False], ids=["all-cached", "partly-cached"])
+def test_an_entry_of_another_modality_under_the_hash_is_never_served(monkeypatch, caplog, with_c_pass, steady):
+    """Across steps, a hash cached for one modality and asked for as another is encoded
+    again by the other modality's encoder and replaces the entry: a request's rows follow
+    its own item, never whichever item was cached under the hash before (in one step the
+    two are refused, above)."""
+    if not with_c_pass:
+        monkeypatch.setattr(flat, "_flat_columns_c", None)
+    image, video = _item(7, 0, 4, "IMAGE"), _item(7, 0, 4, "VIDEO")
+    other = [] if steady else [_item(8, 5, 2, "VIDEO")]
+    cache = EmbeddingCache(1 << 20)
+    encoders = _encoders()
+    first = embed_chunk([RequestChunk(items=[image], prefix=0, extend=4)], encoders, cache=cache)
+    assert torch.equal(first.embedding, truth(7, 4))
+    for step, (item, factor) in enumerate([(video, -2.0), (image, 1.0), (video, -2.0)]):
+        caplog.clear()
+        result = embed_chunk([RequestChunk(items=[item, *other], prefix=0, extend=8)], encoders, cache=cache)
+        assert torch.equal(result.embedding[:4], truth(7, 4) * factor), step
+        # Hash 8 (partly cached) is encoded once, then served; hash 7 is encoded every step.
+        assert result.report.cache_hits == int(step > 0 and not steady)
+        assert result.report.items_encoded == 1 + (step == 0 and not steady)
+        assert "cached as a" in caplog.text and f"asked for as a {item.modality}" in caplog.text
+        assert cache.lookup_all([7], [4], [item.modality])[2]  # the entry is now the asking item's
+    assert encoders["IMAGE"].hashes == [7, 7] and encoders["VIDEO"].hashes == ([7, 7] if steady else [7, 8, 7])
+    # An entry set without a modality (SGLang's set) serves any.
+    cache.set(9, torch.ones(4, HIDDEN))
+    assert cache.lookup_all([9], [4], ["VIDEO"])[2] and cache.lookup_all([9], [4], ["IMAGE"])[2]
+
+
+def test_a_cross_modality_entry_is_refused_by_the_c_lookup_and_the_python_one_alike(monkeypatch):
+    from mm_schedule import cache as cache_module
+
+    def run(c_pass):
+        monkeypatch.setattr(cache_module, "_all_hits", c_pass)
+        cache = EmbeddingCache(1 << 20)
+        cache.insert_many([(1, torch.ones(2, HIDDEN)), (2, torch.ones(3, HIDDEN))], modalities=["IMAGE", "VIDEO"])
+        found, _, every = cache.lookup_all([1, 2], [2, 3], ["IMAGE", "IMAGE"])
+        return [t is not None for t in found], every, cache.stats().hits
+
+    c_side = run(cache_module._all_hits)
+    assert c_side == run(None) == ([True, False], False, 1)
+
+
+@pytest.mark.parametrize("order", ["image-first", "video-first"])
+def test_a_combined_key_equal_to_an_image_hash_is_refused_in_one_step(order):
+    """A video of several spans is cached under the combined key of its items' hashes: an
+    image whose own hash equals that key would share its entry, so the step is refused
+    as one hash under two modalities, whichever comes first."""
+    from mm_schedule.keys import combine_hashes
+
+    key = combine_hashes([5])
+    video, picture = _video(5, 0), _item(key, 0, 4, "IMAGE")
+    reqs = [RequestChunk(items=[video], prefix=0, extend=6), RequestChunk(items=[picture], prefix=0, extend=4)]
+    if order == "video-first":
+        reqs.reverse()
+    cache, encoders = EmbeddingCache(1 << 20), _encoders()
+    with pytest.raises(ConflictingHashError, match=rf"combined key|item hash {key}") as info:
+        embed_chunk(reqs, encoders, cache=cache)
+    assert set(info.value.modalities) == {"IMAGE", "VIDEO"}
+    assert len(cache) == 0 and encoders["IMAGE"].hashes == encoders["VIDEO"].hashes == []
+    # Alone, each is its own source; the later one replaces the entry it would have shared.
+    for item, factor, extend in ((video, -2.0, 6), (picture, 1.0, 4), (video, -2.0, 6)):
+        result = embed_chunk([RequestChunk(items=[item], prefix=0, extend=extend)], encoders, cache=cache)
+        assert result.report.cache_hits == 0
+        assert torch.equal(result.embedding, truth(item.hash, 4) * factor)

@@ -1,3 +1,4 @@
+import logging
 import random
 
 import pytest
@@ -269,13 +270,43 @@ def test_vouched_insert_leaves_the_cache_as_the_checked_one_would(seed, device, 
 
 
 def test_vouched_insert_refuses_a_layout_the_cache_holds_otherwise():
+    """Once three inserts confirmed the learned layout; before that, see below."""
     cache = EmbeddingCache(1 << 20)
-    cache.insert_many([(1, rows(2))], modalities=["IMAGE"])
+    for key in (1, 2, 3):
+        cache.insert_many([(key, rows(2))], modalities=["IMAGE"])
+    assert cache.layout_confirmed("IMAGE")
     wide = torch.zeros(2, 5)
-    with pytest.raises(CacheLayoutError, match="key 7: a IMAGE embedding of hidden size 5"):
+    with pytest.raises(CacheLayoutError, match=r"key 7: a IMAGE embedding of hidden size 5 .*confirmed \(3 inserts"):
         cache.insert_many([(7, wide), (8, torch.zeros(2, 5))], modalities=["IMAGE", "IMAGE"],
                           vouched=(5, torch.float32, torch.device("cpu")), rows=[2, 2])
-    assert list(cache._entries) == [1]
+    assert list(cache._entries) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("vouched", [True, False], ids=["vouched", "checked"])
+def test_an_unconfirmed_learned_layout_is_disputed_then_replaced_not_refused(caplog, vouched):
+    """One insert taught the layout: a batch that disagrees may be the right one, so it is not
+    refused; the first is not cached (nothing evicted), the next of its layout replaces the
+    held entries (logged) as a change still to confirm. A batch must agree with itself all
+    the same."""
+    cache = EmbeddingCache(1 << 20)
+    cache.insert_many([(1, rows(2))], modalities=["IMAGE"])
+    assert not cache.layout_confirmed("IMAGE") and cache.layout_of("IMAGE", confirmed_only=True) == (None, None)
+    extra = {"vouched": (5, torch.float32, torch.device("cpu")), "rows": [2, 2]} if vouched else {}
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        assert cache.insert_many([(5, torch.zeros(2, 5)), (6, torch.zeros(2, 5))], modalities=["IMAGE", "IMAGE"],
+                                 **extra) == 0
+        assert "they are not cached and nothing is evicted" in caplog.text
+        assert list(cache._entries) == [1] and cache.layout_of("IMAGE") == (4, torch.float32)
+        # Another modality in the same batch is cached as usual.
+        assert cache.insert_many([(7, torch.zeros(2, 5)), (8, torch.zeros(2, 5)), (9, torch.zeros(1, 3))],
+                                 modalities=["IMAGE", "IMAGE", "AUDIO"]) == 3
+    assert "disagree with the layout learned from 1 insert(s) (hidden size 4" in caplog.text
+    assert "disputed too: its 1 cached IMAGE entries were evicted" in caplog.text
+    assert list(cache._entries) == [7, 8, 9] and cache.layout_of("IMAGE") == (5, torch.float32)
+    assert cache.layout_changing("IMAGE")  # not served until later inserts confirm it
+    with pytest.raises(CacheLayoutError, match=r"key 10: a IMAGE embedding of hidden size 6 .* must have hidden size"
+                                               r" 5 .*not yet confirmed \(1 insert brought it\)"):
+        cache.insert_many([(10, torch.zeros(2, 6)), (11, torch.zeros(2, 7))], modalities=["IMAGE", "IMAGE"])
 
 
 @pytest.mark.parametrize(("keys", "want_rows", "every"), [
@@ -347,8 +378,8 @@ def test_the_steady_state_lookup_survives_a_key_that_empties_the_cache():
                 entries.clear()
             return False
 
-    entries = {Evil(): ("not", "an", "entry"), 5: (rows(1), 1)}
-    assert cache_module._all_hits(entries, [5, 5], [1, 1], 0, 1) is not None
+    entries = {Evil(): ("not", "an", "entry"), 5: (rows(1), 1, "IMAGE")}
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2) is not None
     armed = True
-    assert cache_module._all_hits(entries, [5, 5], [1, 1], 0, 1) is None
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2) is None
     assert entries == {}

@@ -166,18 +166,33 @@ def _keys(cache: EmbeddingCache) -> list[int]:
 
 def test_insert_many_refuses_a_batch_that_disagrees_with_the_held_layout(caplog):
     cache = EmbeddingCache(1 << 20)
-    cache.insert_many([(1, truth(1, 2))], modalities=["IMAGE"])
+    for key in (1, 11, 12):  # three inserts confirm the learned layout
+        cache.insert_many([(key, truth(key, 2))], modalities=["IMAGE"])
     with pytest.raises(CacheLayoutError, match="key 3: a IMAGE embedding of hidden size 5") as info:
         cache.insert_many([(2, truth(2, 2)), (3, torch.zeros(2, 5))], modalities=["IMAGE", "IMAGE"])
     assert (info.value.key, info.value.got, info.value.expected) == (3, (5, torch.float32), (HIDDEN, torch.float32))
-    assert _keys(cache) == [1]
+    assert _keys(cache) == [1, 11, 12]
+    for key in (11, 12):
+        cache.discard(key)
     # Another modality may have its own size; a batch must agree with itself too.
     cache.insert_many([(4, torch.zeros(2, 5))], modalities=["AUDIO"])
     with pytest.raises(CacheLayoutError):
         cache.insert_many([(5, torch.zeros(2, 6)), (6, torch.zeros(2, 7))], modalities=["VIDEO", "VIDEO"])
     assert _keys(cache) == [1, 4] and cache.layout_of("AUDIO") == (5, torch.float32)
-    with pytest.raises(CacheLayoutError, match=r"\(learned from the 1 AUDIO entry the cache holds\)"):
-        cache.insert_many([(7, torch.zeros(2, 5, dtype=torch.float64))], modalities=["AUDIO"])
+    # One insert taught AUDIO its layout, which nothing confirmed: a batch at odds with
+    # itself is refused against it, a uniform one replaces it (the log says so).
+    with pytest.raises(CacheLayoutError, match=r"key 8: .*dtype torch\.float64, .*\(an earlier tensor of this batch\)"):
+        cache.insert_many([(7, torch.zeros(2, 5)), (8, torch.zeros(2, 5, dtype=torch.float64))],
+                          modalities=["AUDIO", "AUDIO"])
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        assert cache.insert_many([(7, torch.zeros(2, 5, dtype=torch.float64))], modalities=["AUDIO"]) == 0
+        assert _keys(cache) == [1, 4]  # disputed once: not cached, nothing evicted
+        assert cache.insert_many([(7, torch.zeros(2, 5, dtype=torch.float64))], modalities=["AUDIO"]) == 1
+    assert "AUDIO embeddings of hidden size 5 and dtype torch.float64 disagree with the layout learned" in caplog.text
+    assert _keys(cache) == [1, 7] and cache.layout_of("AUDIO") == (5, torch.float64)
+    caplog.clear()
+    cache.discard(7)
+    cache.insert_many([(4, torch.zeros(2, 5))], modalities=["AUDIO"])  # the earlier layout undoes that change
     cache.discard(4)
     # A learned layout lasts as long as the entries it came from: with none held, the
     # next AUDIO output sets it again (and the log says the layout changed).

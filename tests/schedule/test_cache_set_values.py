@@ -122,8 +122,9 @@ def test_a_value_for_a_modality_is_held_to_its_layout(bad, declared):
     cache = EmbeddingCache(1 << 20, **({"hidden_sizes": hidden, "dtypes": torch.float32} if declared else {}))
     good = torch.randn(3, hidden)
     if not declared:
-        assert cache.set(1, ForModality(EmbeddingResult(embedding=good), "VIDEO"))
-        assert cache.layout_of("VIDEO") == (hidden, torch.float32)
+        for key in (1, 11, 12):  # three inserts confirm the learned layout
+            assert cache.set(key, ForModality(EmbeddingResult(embedding=good.clone()), "VIDEO"))
+        assert cache.layout_of("VIDEO") == (hidden, torch.float32) and cache.layout_confirmed("VIDEO")
     before = (len(cache), cache.stats().bytes)
     wrong = torch.randn(3, hidden + 1) if bad == "hidden" else torch.randn(3, hidden, dtype=torch.float64)
     with pytest.raises(CacheLayoutError, match=r"key 2: a VIDEO embedding of hidden size \d+ and dtype") as err:

@@ -126,6 +126,44 @@ def test_two_videos_of_one_step_disagreeing_on_dtype_cache_nothing():
     assert len(cache) == 0
 
 
+def test_a_failed_evs_call_caches_none_of_its_other_videos_either():
+    """The plain video of the call is encoded and checked first, but its entry waits for
+    the EVS video: a call that fails after it leaves the cache as it was."""
+    rng = random.Random(13)
+    a, plain = Prompt(rng, h=331, frames=3), Prompt(rng, h=332, frames=2, evs=False)
+    windows = [(0, len(a.ids)), (0, len(plain.ids))]
+    cache = _cache()
+
+    def refused(items):
+        if items[0].hash == 331:
+            return EVSEmbeddingResult(embedding=a.rows.clone(), num_tokens_per_frame=[*a.kept, 1])
+        return [plain.rows.clone()]
+
+    with pytest.raises(EncoderOutputError, match=r"request 0, item hash 331: 4 frame token counts"):
+        mm_schedule.get_embedding_and_mask(refused, *layout([a, plain], windows))
+    assert len(cache) == 0 and cache.stats().bytes == 0
+    encoder = EVSEncoder([a, plain])
+    _step(encoder, [a, plain], windows)
+    assert encoder.calls == [[332], [331]] and len(cache) == 2
+
+
+def test_a_plain_video_teaches_its_layout_to_the_evs_video_of_its_call():
+    """An empty cache learns the video layout from what the call caches: the plain video's
+    rows and an EVS video of another dtype cannot both be cached, so neither is."""
+    rng = random.Random(14)
+    a, plain = Prompt(rng, h=341, frames=3), Prompt(rng, h=342, frames=2, evs=False)
+    cache = _cache()
+
+    def float64(items):
+        if items[0].hash == 341:
+            return EVSEmbeddingResult(embedding=a.rows.double(), num_tokens_per_frame=list(a.kept))
+        return [plain.rows.clone()]
+
+    with pytest.raises(CacheLayoutError, match=r"request 0, item hash 341: .*dtype torch\.float64.*this call's other"):
+        mm_schedule.get_embedding_and_mask(float64, *layout([a, plain], [(0, len(a.ids)), (0, len(plain.ids))]))
+    assert len(cache) == 0
+
+
 # -- an encoder reusing its output buffer -----------------------------------------------------
 
 

@@ -1,6 +1,7 @@
 """A cache layout is never learned from one unverified output for good: a bad first step
 (hidden size 15 where the model's is 16), then ten good ones, through ``embed_chunk``,
-``merge_chunk`` and the SGLang drop-in, on both assembly backends."""
+``merge_chunk``, the SGLang drop-in and the SGLang stand-in, on both assembly backends; a
+learned layout binds steps once three inserts (or a merged step's proof) confirmed it."""
 
 from __future__ import annotations
 
@@ -101,32 +102,118 @@ def test_merge_refuses_a_bad_first_output_and_caches_nothing(backend):
         assert torch.equal(_merged(reqs, CountingEncoder(hidden=GOOD), cache), naive_reference(reqs, GOOD))
 
 
-@pytest.mark.parametrize("api", ["embed_chunk", "drop-in"])
-def test_packed_after_a_bad_first_step_recovers_once_its_entries_are_gone(backend, api, caplog):
-    """Packed mode cannot tell the bad first entry from a good later output: while it is
-    held, a disagreeing output is refused with that entry named as the reason; once it is
-    gone (discarded, freed, or evicted by a fused step), the layout goes with it and ten
-    good steps run, the log saying the layout changed."""
-    rng = random.Random(3)
-    mm_schedule.init_mm_embedding_cache(1 << 20)
-    cache = mm_schedule.sglang_compat.embedding_cache if api == "drop-in" else EmbeddingCache(1 << 20)
+def _packed_api(api: str):
+    """A fresh cache and a packed step through ``api``: ``embed_chunk``, the SGLang drop-in
+    (``get_embedding_and_mask``) or the SGLang stand-in's own."""
+    if api == "embed_chunk":
+        cache = EmbeddingCache(1 << 20)
+        return cache, lambda reqs, encoder: embed_chunk(reqs, encoder, cache=cache).embedding
+    if api == "drop-in":
+        mm_schedule.init_mm_embedding_cache(1 << 20)
+        return mm_schedule.sglang_compat.embedding_cache, _drop_in
+    from mm_schedule.integrations.sglang import standin
+    from mm_schedule.integrations.sglang.versions import NEWEST
+
+    standin.use_release(NEWEST)
+    standin.set_step_context(None)
+    standin.init_mm_embedding_cache(1 << 20)
 
     def step(reqs, encoder):
-        return _drop_in(reqs, encoder) if api == "drop-in" else embed_chunk(reqs, encoder, cache=cache).embedding
+        (req,) = reqs
+        ids = torch.arange(100, 100 + req.extend)
+        for it in req.items:
+            for s, e in it.offsets:
+                ids[s : e + 1] = PAD
+        emb, mask, _ = standin.get_embedding_and_mask(
+            encoder, list(req.items), torch.tensor([PAD]), ids, [0, len(req.items)], [0], [req.extend],
+            [[span for it in req.items for span in it.offsets]],
+        )
+        assert int(mask.sum()) == emb.shape[0]
+        return emb
 
+    return standin.embedding_cache, step
+
+
+PACKED_APIS = ["embed_chunk", "drop-in", "stand-in"]
+
+
+@pytest.mark.parametrize("api", PACKED_APIS)
+def test_packed_after_a_bad_first_step_ten_good_steps_run(backend, api, caplog):
+    """Packed mode has no proof of the hidden size: the bad first entry (hidden 15, one
+    insert) taught a layout nothing confirmed, which binds no step. The first good step runs
+    without being cached (it disputes that layout; nothing evicted), the second replaces it
+    (its entry evicted, the log saying why), and every good step runs, the cache holding the
+    good layout from then on."""
+    rng = random.Random(3)
+    cache, step = _packed_api(api)
     bad = [_request([1], rng)]
     assert step(bad, CountingEncoder(hidden=BAD)).shape[-1] == BAD
-    good = _good_steps(rng, 100)
-    with pytest.raises(EncoderOutputError, match=r"expected 15 \(learned from the 1 IMAGE entry the cache holds\)"):
-        step(good[0], CountingEncoder(hidden=GOOD))
-    assert len(cache) == 1  # nothing of the refused step cached
-    cache.free(1)
-    assert cache.layout_of("IMAGE") == (None, None)
+    assert cache.layout_of("IMAGE") == (BAD, torch.float32) and not cache.layout_confirmed("IMAGE")
     with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
-        for reqs in good:
+        for reqs in _good_steps(rng, 100):
             assert torch.equal(step(reqs, CountingEncoder(hidden=GOOD)), naive_reference(reqs, GOOD))
-    assert "the layout learned before (hidden size 15" in caplog.text
-    assert cache.layout_of("IMAGE") == (GOOD, torch.float32) and len(cache) == 20
+    assert "disagree with the layout learned from 1 insert(s) (hidden size 15" in caplog.text
+    assert "not cached and nothing is evicted" in caplog.text and "disputed too" in caplog.text
+    assert 1 not in cache and 100 not in cache and len(cache) == 18
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32) and cache.layout_confirmed("IMAGE")
+    with pytest.raises(EncoderOutputError, match=r"hidden size 15, expected 16 \(learned from the 18 IMAGE entries"
+                                                 r" the cache holds, confirmed"):
+        step([_request([99], rng)], CountingEncoder(hidden=BAD))
+    assert 99 not in cache and len(cache) == 18
+
+
+@pytest.mark.parametrize("api", PACKED_APIS)
+def test_packed_good_steps_asking_for_the_bad_entry_again(backend, api, caplog):
+    """Good steps that also ask for the bad item again hold a hit of the unconfirmed layout
+    beside outputs that disagree with it: either side may be the faulty one, so the first
+    such step is refused (nothing evicted, the error saying why); the next step bringing
+    the same layout against it wins: the bad entry is evicted and encoded again within
+    that step, and every later step runs."""
+    rng = random.Random(8)
+    cache, step = _packed_api(api)
+    bad = _request([1], rng)
+    step([bad], CountingEncoder(hidden=BAD))
+    (span,) = bad.items[0].offsets
+    good = []  # each a new pair of items, then the bad item again (same length, so the same entry)
+    for reqs in _good_steps(rng, 100):
+        (req,) = reqs
+        start = req.extend + 1
+        again = MMItem(modality="IMAGE", hash=1, offsets=[(start, start + span[1] - span[0])], feature=torch.zeros(1),
+                       pad_value=PAD)
+        good.append([RequestChunk(items=[*req.items, again], prefix=0, extend=start + span[1] - span[0] + 1)])
+    with pytest.raises(EncoderOutputError, match=r"hidden size 16, expected 15 \(what this step's cached entries hold,"
+                                                 r" a layout learned from fewer than three inserts and not yet"
+                                                 r" confirmed; nothing was evicted"):
+        step(good[0], CountingEncoder(hidden=GOOD))
+    assert 1 in cache and len(cache) == 1
+    for reqs in good[1:]:
+        enc = CountingEncoder(hidden=GOOD)
+        assert torch.equal(step(reqs, enc), naive_reference(reqs, GOOD))
+    assert cache.layout_of("IMAGE") == (GOOD, torch.float32)
+    assert torch.equal(cache.lookup(1), truth(1, cache.lookup(1).shape[0], GOOD))
+
+
+@pytest.mark.parametrize("api", PACKED_APIS)
+def test_a_confirmed_layout_refuses_a_faulty_step_an_unconfirmed_one_is_undone(backend, api, caplog):
+    """Good first, then a faulty step of new items: against a layout one insert taught, the
+    faulty outputs are not refused, but not cached either, and nothing is evicted; good steps
+    go on as before and, two inserts later, confirm the layout; from then on a faulty step is
+    refused and nothing of it cached."""
+    rng = random.Random(9)
+    cache, step = _packed_api(api)
+    first = [_request([1], rng)]
+    step(first, CountingEncoder(hidden=GOOD))
+    faulty = [_request([2], rng)]
+    with caplog.at_level(logging.WARNING, logger="mm_schedule.cache"):
+        assert step(faulty, CountingEncoder(hidden=BAD)).shape[-1] == BAD
+    assert "not cached and nothing is evicted" in caplog.text
+    assert 1 in cache and 2 not in cache and not cache.layout_changing("IMAGE")
+    for reqs in _good_steps(rng, 100)[:2]:
+        assert torch.equal(step(reqs, CountingEncoder(hidden=GOOD)), naive_reference(reqs, GOOD))
+    assert cache.layout_confirmed("IMAGE") and not cache.layout_changing("IMAGE")
+    with pytest.raises(EncoderOutputError, match="hidden size 15, expected 16"):
+        step([_request([3], rng)], CountingEncoder(hidden=BAD))
+    assert 3 not in cache
 
 
 @pytest.mark.parametrize("api", ["embed_chunk", "drop-in"])

@@ -377,3 +377,77 @@ def test_ranks_that_prune_one_video_differently_raise_everywhere_and_cache_nothi
     for s in seen:
         assert s["held_after_fault"] == {60_001: None, 60_002: None}
         assert _same_step(s["after"], want)
+
+
+def _whole_reference(scenarios):
+    prompts = scenarios.evs_prompts()
+    return prompts, naive_step(prompts, scenarios.evs_whole_windows(prompts))
+
+
+def _same_snapshot(a, b) -> bool:
+    if (a["entries"], a["bytes"], a["held"].keys()) != (b["entries"], b["bytes"], b["held"].keys()):
+        return False
+    for h, x in a["held"].items():
+        y = b["held"][h]
+        if (x is None) != (y is None) or (x is not None and (not torch.equal(x[0], y[0]) or x[1] != y[1])):
+            return False
+    return True
+
+
+def _holds_the_right_rows(snapshot, prompts) -> bool:
+    for p in prompts:
+        got = snapshot["held"][p.video.hash]
+        if got is None or not torch.equal(got[0], p.rows) or got[1] != (p.kept if p.evs else None):
+            return False
+    return True
+
+
+def _same_divergence_everywhere(seen) -> dict:
+    errors = [s["error"] for s in seen]
+    assert all(e is not None and e["type"] == "RankFaultError" for e in errors), errors
+    assert all(e == errors[0] for e in errors)
+    error = errors[0]
+    assert error["item_hash"] == 60_001 and error["rank"] == 1 and error["request"] == 0
+    assert "request 0, EVS video item hash 60001" in error["message"]
+    assert "pruned it to different frame token counts" in error["message"]
+    return error
+
+
+def test_a_divergent_video_leaves_every_cache_as_it_was_plain_video_included(run):
+    """The plain multi-span video of the call is planned, encoded and checked before the
+    EVS videos meet, but the call fails when rank 1 prunes the first EVS video
+    differently: every rank raises the same RankFaultError and its cache is exactly what
+    it was before the call (the plain video not cached, the second video's entry kept).
+    The same call with every rank pruning alike then returns the single-process rows,
+    mask and input_ids on every rank and caches every video's right rows."""
+    _world, scenarios, records = run
+    seen = [rec["evs_divergent_plain"] for rec in records]
+    _same_divergence_everywhere(seen)
+    prompts, want = _whole_reference(scenarios)
+    for s in seen:
+        assert s["before"]["held"][60_002] is not None and s["before"]["held"][60_003] is None
+        assert _same_snapshot(s["after_fault"], s["before"])
+        assert s["after"]["error"] is None, s["after"]["error"]
+        assert _same_step(s["after"], want)
+        assert _holds_the_right_rows(s["held"], prompts)
+
+
+def test_divergent_cached_videos_are_evicted_everywhere_then_encoded_again(run):
+    """Every rank holds both EVS videos, rank 1 the first with other frame counts: the
+    ranks agree it is a hit, then find the counts differ. Every rank raises the same
+    RankFaultError and evicts that entry (not the agreed second one), so the next call
+    encodes it again on every rank, agrees, and returns the single-process result."""
+    _world, scenarios, records = run
+    seen = [rec["evs_divergent_cached"] for rec in records]
+    error = _same_divergence_everywhere(seen)
+    assert "every rank evicted the video" in error["message"]
+    prompts, want = _whole_reference(scenarios)
+    second = prompts[1]
+    for s in seen:
+        held = s["after_fault"]["held"]
+        assert held[60_001] is None and held[60_003] is None
+        assert torch.equal(held[60_002][0], second.rows) and held[60_002][1] == second.kept
+        assert s["after"]["error"] is None, s["after"]["error"]
+        assert _same_step(s["after"], want)
+        assert [c for c in s["after"]["calls"] if c[0] != 60_003] == [[60_001]]
+        assert _holds_the_right_rows(s["held"], prompts)

@@ -131,10 +131,11 @@ BAD_ENTRIES = {
 def test_cached_entry_that_cannot_serve_is_evicted(backend, bad, fused):
     """An entry put in through the SGLang-style ``set`` that does not fit the step is
     evicted and the item encoded again: in fused mode within the same step (input_embeds
-    proves the entry unfit before anything is encoded), in packed mode by the next step,
-    the first raising. (In packed mode a cached hidden size that disagrees with a fresh
-    encoder output cannot be told wrong from right: the output is named, and the step's
-    cached entries are evicted all the same.)"""
+    proves the entry unfit before anything is encoded); in packed mode a cached hidden size
+    that disagrees with a fresh encoder output cannot be told wrong from right, but no
+    layout vouches for the entry (it was set without a modality), so it is evicted and the
+    step planned once more, encoding it with the rest; an entry of another unfit kind
+    makes the step raise, and the next step encodes it."""
     cache = EmbeddingCache(1 << 20)
     cache.set(31, BAD_ENTRIES[bad](3))
     reqs = [RequestChunk(items=[image(30, 0, 2), image(31, 3, 3)], prefix=0, extend=6)]
@@ -147,17 +148,17 @@ def test_cached_entry_that_cannot_serve_is_evicted(backend, bad, fused):
             return embeds[[0, 1, 3, 4, 5]], enc
         return embed_chunk(reqs, enc, cache=cache).embedding, enc
 
-    blamed_output = bad == "hidden" and not fused
-    error = EncoderOutputError if blamed_output else CachedEmbeddingError
-    if fused:
+    if fused or bad == "hidden":
         got, enc = step()
         assert cache.stats().discarded == 1 and torch.equal(cache.lookup(31), truth(31, 3))
+        # Packed: the first plan's encoder call ([30]) met the unfit hit; the second encoded both.
+        assert enc.calls == ([[30, 31]] if fused else [[30], [30, 31]])
     else:
-        with pytest.raises(error, match="item hash 30: .*evicted" if blamed_output else "item hash 31: .*evicted"):
+        with pytest.raises(CachedEmbeddingError, match=r"item hash 31: .*evicted"):
             step()
         assert not cache.contains(31) and cache.stats().discarded == 1
         got, enc = step()
-    assert enc.calls == [[30, 31]]
+        assert enc.calls == [[30, 31]]
     assert torch.equal(got, naive_reference(reqs))
 
 
