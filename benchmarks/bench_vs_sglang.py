@@ -342,9 +342,7 @@ def _shape_only_cat(tensors, dim=0, *, out=None):
     shape = list(tensors[0].shape)
     shape[dim] = sum(map(itemgetter(dim), map(_shape, tensors)))
     if out is not None:
-        if list(out.shape) != shape:
-            out.resize_(shape)
-        return out
+        return out.resize_(shape)  # one operator dispatched, as ATen's cat.out is
     return torch.empty(shape, dtype=tensors[0].dtype, device=META)
 
 

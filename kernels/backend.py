@@ -93,6 +93,24 @@ def uses_triton(device) -> bool:
     return True
 
 
+def launches_kernels(device) -> bool:
+    """``uses_triton`` for real devices; for ``meta`` (a dry run of a step), whether a GPU
+    would run the Triton kernels: Triton installed and the backend not forced to torch. A
+    dry run then does the host work of a launch (tables packed, uploads dispatched), which is
+    what a GPU's host pays, and skips only the launch itself."""
+    return launches_kernels_on(device.type)
+
+
+def launches_kernels_on(device_type: str) -> bool:
+    """``launches_kernels`` for a device of type ``device_type`` (``"cuda"``, ``"meta"``...)."""
+    requested, interpreted, has_triton = _choice or refresh_backend()
+    if not has_triton or requested == "torch":
+        return False
+    if device_type == "meta" or requested == "triton":
+        return True
+    return device_type != "cpu" and not interpreted
+
+
 def select_backend(device) -> str:
     """Return ``"triton"`` or ``"torch"`` for tensors on ``device``; raise if forced
     Triton cannot run there."""

@@ -37,7 +37,7 @@ import torch
 
 from ..errors import KernelInputError
 from ._triton import HAS_TRITON, tl, triton
-from .backend import current_choice
+from .backend import current_choice, launches_kernels_on
 from .segment_copy.fast_launch import LaunchSpec
 from .streams import layer
 
@@ -111,18 +111,10 @@ def marks_in_one_launch(tokens: Any, ids: Any, device_type: str | None = None) -
     ``KERNEL_MAX_COMPARES``; on ``meta``, whether a GPU would take it. Shapes and dtypes
     only: nothing is read."""
     device = device_type or tokens.device.type
-    if device == "cuda":
-        if not _kernel_runs_on_gpus():
-            return False
-    elif device != "meta" or not _kernel_would_run():
+    if device == "cpu" or not launches_kernels_on(device):
         return False
     return (tokens.dtype in TOKEN_DTYPES and ids.dtype in ID_DTYPES
             and tokens.numel() * ids.numel() <= KERNEL_MAX_COMPARES)
-
-
-def _kernel_would_run() -> bool:
-    requested, _, has_triton = current_choice()
-    return has_triton and requested != "torch"
 
 
 def _kernel_runs_on_gpus() -> bool:

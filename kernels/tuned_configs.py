@@ -133,8 +133,8 @@ def _report_miss(kernel: str, device: str, reason: str, config: dict) -> None:
     if (kernel, device) in _reported_misses:
         return
     _reported_misses.add((kernel, device))
-    # Tuning only matters on a GPU; under the interpreter this is routine.
-    level = logging.INFO if device == "cpu" else logging.WARNING
+    # Tuning only matters on a GPU; under the interpreter, or in a dry run on meta, this is routine.
+    level = logging.INFO if device in ("cpu", "meta") else logging.WARNING
     logger.log(
         level,
         "%s on %s: no tuned config: %s; using the heuristic default (e.g. %s). Tune with"

@@ -40,9 +40,9 @@ static int same_modality(PyObject *held, PyObject *wanted) {
 }
 
 static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
+    if (nargs != 8) {
         PyErr_Format(PyExc_TypeError, "all_hits(entries, keys, rows, modalities, tensor_index, rows_index,"
-                     " modality_index) takes 7 arguments, got %zd", nargs);
+                     " modality_index, address_index) takes 8 arguments, got %zd", nargs);
         return NULL;
     }
     PyObject *entries = args[0], *keys = args[1], *rows = args[2], *modalities = args[3];
@@ -53,11 +53,11 @@ static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     Py_ssize_t tensor_index = PyLong_AsSsize_t(args[4]), rows_index = PyLong_AsSsize_t(args[5]),
-               modality_index = PyLong_AsSsize_t(args[6]);
-    if ((tensor_index == -1 || rows_index == -1 || modality_index == -1) && PyErr_Occurred()) {
+               modality_index = PyLong_AsSsize_t(args[6]), address_index = PyLong_AsSsize_t(args[7]);
+    if ((tensor_index == -1 || rows_index == -1 || modality_index == -1 || address_index == -1) && PyErr_Occurred()) {
         return NULL;
     }
-    if (tensor_index < 0 || rows_index < 0 || modality_index < 0) {
+    if (tensor_index < 0 || rows_index < 0 || modality_index < 0 || address_index < 0) {
         PyErr_SetString(PyExc_ValueError, "all_hits: indices must be non-negative");
         return NULL;
     }
@@ -65,12 +65,17 @@ static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (modality_index + 1 > needed) {
         needed = modality_index + 1;
     }
+    if (address_index + 1 > needed) {
+        needed = address_index + 1;
+    }
     Py_ssize_t n = PyList_GET_SIZE(keys);
     if (PyList_GET_SIZE(rows) != n || (modalities != Py_None && PyList_GET_SIZE(modalities) != n)) {
         Py_RETURN_NONE;
     }
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
+    PyObject *out = PyList_New(n), *addresses = PyList_New(n);
+    if (out == NULL || addresses == NULL) {
+        Py_XDECREF(out);
+        Py_XDECREF(addresses);
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -88,6 +93,7 @@ static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t narg
         if (entry == NULL) {
             if (PyErr_Occurred()) {
                 Py_DECREF(out);
+                Py_DECREF(addresses);
                 return NULL;
             }
             goto not_steady;
@@ -100,21 +106,29 @@ static PyObject *all_hits(PyObject *self, PyObject *const *args, Py_ssize_t narg
             Py_DECREF(entry);
             goto not_steady;
         }
+        PyObject *address = PyTuple_GET_ITEM(entry, address_index);
+        if (!PyLong_CheckExact(address)) {
+            Py_DECREF(entry);
+            goto not_steady;
+        }
         PyList_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(entry, tensor_index)));
+        PyList_SET_ITEM(addresses, i, Py_NewRef(address));
         Py_DECREF(entry);
     }
-    return out;
+    return Py_BuildValue("(NN)", out, addresses);
 not_steady:
     Py_DECREF(out); /* unset slots are NULL, which list deallocation skips */
+    Py_DECREF(addresses);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"all_hits", (PyCFunction)(void (*)(void))all_hits, METH_FASTCALL,
-     "all_hits(entries, keys, rows, modalities, tensor_index, rows_index, modality_index)\n\n"
-     "[entries[k][tensor_index] for k in keys] when every key is an int held in entries by a tuple whose\n"
-     "entry[rows_index] equals rows[i] and whose entry[modality_index] is modalities[i] or None (modalities\n"
-     "None: any); None otherwise (the caller then looks the keys up one by one)."},
+     "all_hits(entries, keys, rows, modalities, tensor_index, rows_index, modality_index, address_index)\n\n"
+     "([entries[k][tensor_index] for k in keys], [entries[k][address_index] for k in keys]) when every key\n"
+     "is an int held in entries by a tuple whose entry[rows_index] equals rows[i], whose\n"
+     "entry[modality_index] is modalities[i] or None (modalities None: any) and whose entry[address_index]\n"
+     "is an int; None otherwise (the caller then looks the keys up one by one)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -17,7 +17,8 @@
 #include <Python.h>
 
 static PyObject *s_shape, *s_dtype, *s_device, *s_requires_grad, *s_is_neg, *s_is_contiguous,
-    *s_untyped_storage, *s_nbytes, *s_data_ptr, *s_is_floating_point, *s_itemsize, *s_type, *s_meta;
+    *s_untyped_storage, *s_nbytes, *s_data_ptr, *s_is_floating_point, *s_itemsize, *s_type, *s_meta, *s_cpu,
+    *s_is_meta, *s_is_cpu;
 
 /* 1 when obj is an exact int equal to want (also exact); 0 otherwise. Runs no Python code. */
 static int same_int(PyObject *obj, PyObject *want) {
@@ -77,6 +78,7 @@ typedef struct {
     PyObject *dtype, *hidden, *device; /* strong references, NULL until the first tensor sets them */
     long long row_bytes;               /* hidden x itemsize */
     int meta;
+    PyObject *same_device; /* a bool attribute true for a tensor on the layout's device (is_meta, is_cpu), or NULL */
 } Layout;
 
 /* 1: the first tensor's dtype (floating), hidden size (unless given), device (unless given, and not
@@ -101,11 +103,14 @@ static int first_layout(Layout *layout, PyObject *dtype, PyObject *hidden, PyObj
         return -1;
     }
     int meta = PyUnicode_Check(type) ? PyUnicode_Compare(type, s_meta) == 0 : -1;
+    int cpu = PyUnicode_Check(type) ? PyUnicode_Compare(type, s_cpu) == 0 : -1;
     Py_DECREF(type);
-    if (meta < 0) {
+    if (meta < 0 || cpu < 0) {
         PyErr_Clear();
         return 0;
     }
+    /* Each of these devices is one of its kind: one bool read (no device object made) tells it. */
+    layout->same_device = meta ? s_is_meta : cpu ? s_is_cpu : NULL;
     layout->dtype = Py_NewRef(dtype);
     layout->hidden = Py_NewRef(hidden);
     layout->device = Py_NewRef(device);
@@ -130,10 +135,21 @@ static int plain_tensor(PyObject *t, PyObject *rows, Layout *layout, PyObject *w
         goto done;
     }
     PyObject *hidden = PyTuple_GET_ITEM(shape, 1);
-    if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL || (device = PyObject_GetAttr(t, s_device)) == NULL) {
+    if ((dtype = PyObject_GetAttr(t, s_dtype)) == NULL) {
         goto error;
     }
-    if (layout->dtype == NULL) {
+    if (layout->dtype != NULL && layout->same_device != NULL) {
+        if (dtype != layout->dtype || !same_int(hidden, layout->hidden)) {
+            goto done;
+        }
+        int same = attr_is(t, layout->same_device, Py_True);
+        if (same != 1) {
+            result = same;
+            goto done;
+        }
+    } else if ((device = PyObject_GetAttr(t, s_device)) == NULL) {
+        goto error;
+    } else if (layout->dtype == NULL) {
         if (want_hidden != Py_None && !same_int(hidden, want_hidden)) {
             goto done;
         }
@@ -216,7 +232,7 @@ static PyObject *plain_outputs(PyObject *self, PyObject *const *args, Py_ssize_t
     if (n == 0 || PyList_GET_SIZE(rows) != n) {
         Py_RETURN_NONE;
     }
-    Layout layout = {NULL, NULL, NULL, 0, 0};
+    Layout layout = {NULL, NULL, NULL, 0, 0, NULL};
     PyObject *storages = PyList_New(0), *result = NULL;
     if (storages == NULL) {
         return NULL;
@@ -291,7 +307,10 @@ PyMODINIT_FUNC PyInit__output_checks(void) {
         || (s_is_floating_point = PyUnicode_InternFromString("is_floating_point")) == NULL
         || (s_itemsize = PyUnicode_InternFromString("itemsize")) == NULL
         || (s_type = PyUnicode_InternFromString("type")) == NULL
-        || (s_meta = PyUnicode_InternFromString("meta")) == NULL) {
+        || (s_meta = PyUnicode_InternFromString("meta")) == NULL
+        || (s_cpu = PyUnicode_InternFromString("cpu")) == NULL
+        || (s_is_meta = PyUnicode_InternFromString("is_meta")) == NULL
+        || (s_is_cpu = PyUnicode_InternFromString("is_cpu")) == NULL) {
         return NULL;
     }
     return PyModule_Create(&module);

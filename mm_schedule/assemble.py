@@ -74,6 +74,24 @@ def copy_rows(tensors: Sequence[Any], table: SegmentTable, dst: Any) -> Any:
     return copy_segments(tensors, table, dst)
 
 
+def copy_whole_sources(addresses: list, rows: list, out: Any, dtype: Any) -> Any:
+    """The packed rows of whole sources in order, of ``dtype``, given by the addresses of
+    their first rows (a step of cache hits: ``StepPlan.addresses``), into ``out``: one kernel
+    launch; on ``meta`` its host work alone. Only where the Triton kernel runs
+    (``launches_kernels``)."""
+    _whole_sources_launcher()(addresses if type(addresses) is list else list(addresses),
+                              rows if type(rows) is list else list(rows), out, dtype)
+    return out
+
+
+def _whole_sources_launcher():
+    # Loaded on first use (it imports Triton); looked up on every call, so a replaced
+    # launcher (a test serialising launches) is the one called.
+    from .kernels.segment_copy import launch
+
+    return launch.launch_whole_sources
+
+
 def concat_rows(plan: StepPlan, tensors: Sequence[Any], out: Any = None) -> Any:
     """The packed rows of a table that is every source whole and in order (see
     ``packed_table``): their concatenation, written into ``out``; ``out`` None: a new

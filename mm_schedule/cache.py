@@ -77,19 +77,26 @@ except ImportError:  # installed without a C compiler: the Python passes answer 
 log = logging.getLogger(__name__)
 
 # An entry: (2-D tensor, rows, charged bytes, the value given to the SGLang-style ``set``
-# rebuilt around the entry's tensor (``_kept_value``), layout, modality). A layout is
-# (hidden size, dtype, device): what assembly needs to agree on; the modality (or None, for
-# entries set without one) keys the per-modality layouts.
-_TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY = 0, 1, 2, 3, 4, 5
+# rebuilt around the entry's tensor (``_kept_value``), layout, modality, address of its first
+# row). A layout is (hidden size, dtype, device): what assembly needs to agree on; the
+# modality (or None, for entries set without one) keys the per-modality layouts. The address
+# (0 on meta) lets a step of cache hits copy their rows without reading a tensor on the host;
+# an entry's tensor is the cache's own and never moves (an entry is replaced, not changed).
+_TENSOR, _ROWS, _BYTES, _VALUE, _LAYOUT, _MODALITY, _ADDRESS = 0, 1, 2, 3, 4, 5, 6
 _REUSED_STORAGES_KEPT = 256  # storages seen reused by their encoder, remembered (most recent)
 # Inserts (steps) that must bring a changed learned layout before its entries are served: one
 # faulty output, or two in a row, in a moment its modality held no entry decide nothing.
 _CONFIRMING_INSERTS = 3
 _tensor_of, _row_count, _charged = itemgetter(_TENSOR), itemgetter(_ROWS), itemgetter(_BYTES)
-_modality_of = itemgetter(_MODALITY)
+_modality_of, _address_of_entry = itemgetter(_MODALITY), itemgetter(_ADDRESS)
 _first, _second = itemgetter(0), itemgetter(1)
 _storage_of, _storage_bytes, _data_ptr = (methodcaller("untyped_storage"), methodcaller("nbytes"),
                                           methodcaller("data_ptr"))
+
+
+def _address_of(tensor: Any) -> int:
+    """The address of ``tensor``'s first element (0 for a tensor without data)."""
+    return 0 if tensor.is_meta else tensor.data_ptr()
 
 
 def _may_serve(held: str | None, wanted: str | None) -> bool:
@@ -97,16 +104,16 @@ def _may_serve(held: str | None, wanted: str | None) -> bool:
     return held is None or wanted is None or held == wanted
 
 
-def _first_of_each(prepared: list, mods: list) -> list:
-    """The first entry of each modality, in batch order: for entries of one layout, what
-    checking every entry would find (the first of an unfit modality is the one named)."""
+def _first_of_each(keys: list, entries: list, mods: list) -> list:
+    """``(key, entry)`` of the first entry of each modality, in batch order: for entries of one
+    layout, what checking every entry would find (the first of an unfit modality is named)."""
     if mods.count(mods[0]) == len(mods):
-        return prepared[:1]
+        return [(keys[0], entries[0])]
     seen, out = set(), []
-    for entry, modality in zip(prepared, mods):
+    for key, entry, modality in zip(keys, entries, mods):
         if modality not in seen:
             seen.add(modality)
-            out.append(entry)
+            out.append((key, entry))
     return out
 
 
@@ -239,11 +246,11 @@ def _entry(tensor: Any, value: Any, modality: str | None = None, copy: bool = Fa
     if share and not copy:
         # Charged its own rows, as SGLang's cache charges a split view (it pins more).
         own = rows * hidden * tensor.element_size()
-        return tensor, rows, own, value, (hidden, tensor.dtype, tensor.device), modality
+        return tensor, rows, own, value, (hidden, tensor.dtype, tensor.device), modality, _address_of(tensor)
     if copy or size != rows * hidden * tensor.element_size() or not tensor.is_contiguous():
         tensor = tensor.clone() if tensor.is_contiguous() else tensor.contiguous()
         size = tensor.untyped_storage().nbytes()
-    return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality
+    return tensor, rows, size, value, (hidden, tensor.dtype, tensor.device), modality, _address_of(tensor)
 
 
 def _count(counter: dict, value: Any, sign: int) -> None:
@@ -312,25 +319,27 @@ class EmbeddingCache:
         Also returns the layout ``(hidden, dtype, device)`` every entry of the cache
         shares at that moment, or None when they differ: with one layout, a step checks
         its hits against what it needs once instead of once per hit."""
-        found, layout, _ = self.lookup_all(keys, rows, modalities)
+        found, layout, _, _ = self.lookup_all(keys, rows, modalities)
         return found, layout
 
-    def lookup_all(self, keys: Sequence[int], rows: Sequence[int],
-                   modalities: Sequence[str | None] | None = None) -> tuple[list[Any], tuple | None, bool]:
-        """``lookup_many``, and whether every key was found (the planner then marks every
-        source a hit without reading the list again)."""
+    def lookup_all(self, keys: Sequence[int], rows: Sequence[int], modalities: Sequence[str | None] | None = None,
+                   ) -> tuple[list[Any], tuple | None, bool, list[int] | None]:
+        """``lookup_many``, whether every key was found (the planner then marks every source
+        a hit without reading the list again) and, when every one was, the address of each
+        entry's first row (else None): a step of hits copies them without reading a tensor."""
         with self._lock:
             entries = self._entries
             steady = self._steady_hits(keys, rows, modalities) if not self._provisional else None
             if steady is not None:
                 deque(map(entries.move_to_end, keys), maxlen=0)
-                self._hits += len(steady)
-                return steady, self._layout(), True
+                tensors, addresses = steady
+                self._hits += len(tensors)
+                return tensors, self._layout(), True, addresses
             found = list(map(entries.get, keys))
             if found == [None] * len(found):  # nothing cached (a cold step): no entry to check
                 self._misses += len(found)
-                return found, self._layout(), not found
-            out = []
+                return found, self._layout(), not found, [] if not found else None
+            out, addresses = [], []
             append = out.append
             hits = 0
             move = entries.move_to_end
@@ -352,6 +361,7 @@ class EmbeddingCache:
                 elif entry[_ROWS] == n:
                     move(key)
                     append(entry[_TENSOR])
+                    addresses.append(entry[_ADDRESS])
                     hits += 1
                 else:
                     log.warning(
@@ -363,17 +373,18 @@ class EmbeddingCache:
                     append(None)
             self._hits += hits
             self._misses += len(out) - hits
-            return out, self._layout(), hits == len(out)
+            every = hits == len(out)
+            return out, self._layout(), every, addresses if every else None
 
     def _steady_hits(self, keys: Sequence[int], rows: Sequence[int],
-                     modalities: Sequence[str | None] | None = None) -> list[Any] | None:
-        """The tensors of ``keys`` when every key is cached with the expected rows (and a
-        modality that may serve it), the steady state; else None. Changes nothing (the
-        caller's loop handles the rest)."""
+                     modalities: Sequence[str | None] | None = None) -> tuple[list, list] | None:
+        """The tensors of ``keys`` and their addresses when every key is cached with the
+        expected rows (and a modality that may serve it), the steady state; else None.
+        Changes nothing (the caller's loop handles the rest)."""
         entries = self._entries
         if _all_hits is not None and type(keys) is list and type(rows) is list and (
                 modalities is None or type(modalities) is list):
-            return _all_hits(entries, keys, rows, modalities, _TENSOR, _ROWS, _MODALITY)
+            return _all_hits(entries, keys, rows, modalities, _TENSOR, _ROWS, _MODALITY, _ADDRESS)
         # Each pass runs in C; a key not cached (None) stops the row count pass.
         found = list(map(entries.get, keys))
         try:
@@ -384,7 +395,7 @@ class EmbeddingCache:
             return None
         if modalities is not None and not all(map(_may_serve, map(_modality_of, found), modalities)):
             return None
-        return list(map(_tensor_of, found))
+        return list(map(_tensor_of, found)), list(map(_address_of_entry, found))
 
     def _layout(self) -> tuple | None:
         return next(iter(self._layouts)) if len(self._layouts) == 1 else None
@@ -396,6 +407,31 @@ class EmbeddingCache:
         ``confirmed_only``: a learned layout only once confirmed (``layout_confirmed``)."""
         with self._lock:
             return self._layout_of(modality, declared_only, confirmed_only)
+
+    def step_layouts(self, modalities: Iterable[str], proven_hidden: int | None = None) -> tuple:
+        """What a step encoding outputs of ``modalities`` is held to, read under one lock:
+        ``(binding, weak, sources, disputes)``: per modality the layout that binds (declared,
+        or learned and confirmed; only the declared one while a change is unconfirmed, or when
+        ``proven_hidden``, the step's proven hidden size, differs from the learned one), the
+        learned layout nothing confirmed yet where it differs, where each comes from in words,
+        and the layouts earlier outputs disputed the weak ones with (see ``scheduler.learn_cache_layouts``)."""
+        binding, weak, sources, disputes = {}, {}, {}, frozenset()
+        with self._lock:
+            for modality in modalities:
+                layout = self._layout_of(modality)
+                if (proven_hidden is not None and layout[0] is not None and layout[0] != proven_hidden) \
+                        or modality in self._provisional:
+                    layout = bound = self._layout_of(modality, declared_only=True)
+                else:
+                    bound = self._layout_of(modality, confirmed_only=True)
+                if bound != (None, None):
+                    binding[modality] = bound
+                if layout != bound:
+                    weak[modality] = layout
+                    disputes |= self._disputes.get(modality, frozenset())
+                if layout != (None, None):
+                    sources[modality] = self._layout_source(modality)
+        return binding, weak, sources, disputes
 
     def layout_confirmed(self, modality: str) -> bool:
         """True when ``modality``'s learned layout binds: three inserts (steps) brought it
@@ -451,13 +487,13 @@ class EmbeddingCache:
         mods = [None] * len(pairs) if modalities is None else list(modalities)
         keys = list(map(_first, pairs))
         if vouched is not None and rows is not None and len(rows) == len(pairs):
-            prepared, storages = self._vouched_entries(keys, list(map(_second, pairs)), rows, mods, vouched)
+            prepared, storages = self._vouched_entries(list(map(_second, pairs)), rows, mods, vouched)
         else:
             share = self.share_storage
-            prepared, storages = [(key, _entry(tensor, None, modality, share=share))
-                                  for (key, tensor), modality in zip(pairs, mods)], None
-        return self._insert_prepared(prepared, keys, storages, mods, vouched, protect=protect,
-                                     check=modalities is not None, replace_learned=replace_learned)
+            prepared, storages = [_entry(tensor, None, modality, share=share)
+                                  for (_, tensor), modality in zip(pairs, mods)], None
+        return self._insert_entries(keys, prepared, storages, mods, vouched, protect=protect,
+                                    check=modalities is not None, replace_learned=replace_learned)
 
     def insert_outputs(self, keys: list, tensors: list, rows: list, modalities: list, layout: tuple,
                        storages: Sequence, *, protect: Iterable[int] = (), replace_learned: bool = False) -> int:
@@ -470,47 +506,49 @@ class EmbeddingCache:
         row_bytes = hidden * dtype.itemsize
         own = [n * row_bytes for n in rows]
         if device.type == "meta":
-            storages = ()
+            storages, addresses = (), repeat(0)
         elif len(storages) != len(keys):
             raise CacheStateError(f"insert_outputs: {len(storages)} storages for {len(keys)} tensors")
         else:
             storages = list(storages)
-        prepared = list(zip(keys, map(tuple, zip(tensors, rows, own, repeat(None), repeat(layout), modalities))))
-        return self._insert_prepared(prepared, keys, storages, modalities, layout, protect=protect, check=True,
-                                     replace_learned=replace_learned, total=sum(own))
+            addresses = map(_second, storages)  # alone in its storage: the storage's address
+        entries = list(map(tuple, zip(tensors, rows, own, repeat(None), repeat(layout), modalities, addresses)))
+        return self._insert_entries(keys, entries, storages, modalities, layout, protect=protect, check=True,
+                                    replace_learned=replace_learned, total=sum(own))
 
-    def _insert_prepared(self, prepared: list, keys: list, storages: list | None, mods: list, layout: tuple | None,
-                         *, protect: Iterable[int], check: bool, replace_learned: bool, total: int | None = None) -> int:
-        """The locked part of ``insert_many``: ``prepared`` ``(key, entry)`` pairs; ``storages``:
+    def _insert_entries(self, keys: list, entries: list, storages: list | None, mods: list, layout: tuple | None,
+                        *, protect: Iterable[int], check: bool, replace_learned: bool, total: int | None = None) -> int:
+        """The locked part of ``insert_many``: ``entries[i]`` under ``keys[i]``; ``storages``:
         the storage ids of entries of one ``layout`` (None: entries accounted one by one)."""
         share = self.share_storage
         with self._lock:
             if not self._grouped:
                 self._inserts += 1
-            held_back = self._check_layouts(prepared if storages is None else _first_of_each(prepared, mods),
-                                            replace_learned) if check else ()
+            held_back = self._check_layouts(
+                list(zip(keys, entries)) if storages is None else _first_of_each(keys, entries, mods),
+                replace_learned) if check else ()
             if held_back:
                 kept = [i for i, modality in enumerate(mods) if modality not in held_back]
-                prepared, keys, mods = [prepared[i] for i in kept], [keys[i] for i in kept], [mods[i] for i in kept]
+                keys, entries, mods = [keys[i] for i in kept], [entries[i] for i in kept], [mods[i] for i in kept]
                 storages = [storages[i] for i in kept] if storages else storages
                 total = None
-                if not prepared:
+                if not entries:
                     return 0
             if (self._by_storage or self._reused) and not share and (
                     storages is None or not self._reused.keys().isdisjoint(storages)
                     or not self._by_storage.keys().isdisjoint(storages)):
-                prepared, storages, total = self._unshare(prepared), None, None
+                entries, storages, total = self._unshare(keys, entries), None, None
             if total is None:
-                total = sum(map(_charged, map(_second, prepared)))
-            entries = self._entries
-            if self._bytes + total <= self.max_bytes and entries.keys().isdisjoint(keys) \
+                total = sum(map(_charged, entries))
+            held = self._entries
+            if self._bytes + total <= self.max_bytes and held.keys().isdisjoint(keys) \
                     and len(dict.fromkeys(keys)) == len(keys):
                 # New keys that fit without evicting (a step's encoder outputs, usually):
                 # all added at once, in order, exactly as one at a time would add them.
                 # Item by item from C: OrderedDict.update of a dict is about three times slower.
-                deque(map(entries.__setitem__, keys, map(_second, prepared)), maxlen=0)
+                deque(map(held.__setitem__, keys, entries), maxlen=0)
                 if storages is None:
-                    for key, entry in prepared:
+                    for key, entry in zip(keys, entries):
                         self._account(key, entry, 1)
                 else:
                     self._account_vouched(keys, storages, mods, layout)
@@ -519,11 +557,11 @@ class EmbeddingCache:
                 return len(keys)
             keep = set(protect)
             inserted = 0
-            for key, entry in prepared:
+            for key, entry in zip(keys, entries):
                 inserted += self._insert(key, entry, keep)
         return inserted
 
-    def _vouched_entries(self, keys: list, tensors: list, rows: Sequence[int], mods: list,
+    def _vouched_entries(self, tensors: list, rows: Sequence[int], mods: list,
                          vouched: tuple) -> tuple[list, list | None]:
         """``insert_many``'s entries for tensors of one known layout: each tensor's storage
         size read (a view of a larger storage is cloned, as ``_entry`` does), nothing else.
@@ -533,17 +571,23 @@ class EmbeddingCache:
         row_bytes = hidden * dtype.itemsize
         own = [n * row_bytes for n in rows]
         held = list(map(_storage_of, tensors))
+        meta = device.type == "meta"
         if self.share_storage:
             charged = own  # kept as given, charged for its own rows
+            addresses = repeat(0) if meta else map(_data_ptr, tensors)  # views start inside their storage
         else:
             charged = list(map(_storage_bytes, held))
             if charged != own:
                 # Views of a larger storage: copied, as _entry copies them.
-                entries = [(key, (t, n, size, None, layout, m) if size == mine else _entry(t, None, m))
-                           for key, t, n, size, mine, m in zip(keys, tensors, rows, charged, own, mods)]
+                entries = [(t, n, size, None, layout, m, _address_of(t)) if size == mine else _entry(t, None, m)
+                           for t, n, size, mine, m in zip(tensors, rows, charged, own, mods)]
                 return entries, None
-        storages = () if device.type == "meta" else list(zip(repeat(device), map(_data_ptr, held)))
-        entries = list(zip(keys, map(tuple, zip(tensors, rows, charged, repeat(None), repeat(layout), mods))))
+            addresses = None  # each alone in its storage: its address is the storage's
+        pointers = () if meta else list(map(_data_ptr, held))
+        storages = () if meta else list(zip(repeat(device), pointers))
+        if addresses is None:
+            addresses = repeat(0) if meta else pointers
+        entries = list(map(tuple, zip(tensors, rows, charged, repeat(None), repeat(layout), mods, addresses)))
         return entries, storages
 
     def _account_vouched(self, keys: list, storages: Sequence, mods: list, layout: tuple) -> None:
@@ -579,12 +623,33 @@ class EmbeddingCache:
         return bool(held) and len(held) == 1 and modality not in self._provisional \
             and not self._confirmed(modality, next(iter(held)))
 
+    def _agrees(self, prepared: list[tuple[int, tuple]]) -> bool:
+        """Every entry has the layout its modality's held entries have, or, for a modality
+        nothing is held, declared or remembered of, the layout of the batch's other entries
+        of it: the usual insert, which ``_check_layouts`` would pass changing nothing."""
+        fresh: dict[str, tuple] = {}
+        for _, entry in prepared:
+            modality = entry[_MODALITY]
+            if modality is None:
+                continue
+            layout = entry[_LAYOUT][:2]
+            held = self._held.get(modality)
+            if held is not None:
+                if len(held) != 1 or layout not in held:
+                    return False
+            elif fresh.setdefault(modality, layout) != layout or modality in self._forgotten \
+                    or self._layout_of(modality, declared_only=True) != (None, None):
+                return False
+        return True
+
     def _check_layouts(self, prepared: list[tuple[int, tuple]], replace_learned: bool) -> set[str]:
         """Every entry against its modality's layout (``CacheLayoutError`` for the first that
         disagrees), applying what the batch decides: a proven size replaces a learned one, a
         layout change is undone, an unconfirmed learned layout is disputed or replaced (see
         ``layout_confirmed``). Returns the modalities whose entries are held back (not cached):
         those whose outputs dispute such a layout for the first time."""
+        if not replace_learned and not self._provisional and self._agrees(prepared):
+            return set()
         batch: dict[str, tuple[int, Any]] = {}
         replace: dict[str, tuple[int, Any]] = {}
         unconfirmed: dict[str, tuple[int, Any]] = {}  # learned layouts nothing confirmed, replaced
@@ -762,19 +827,20 @@ class EmbeddingCache:
             return f"{declared} declared for {modality}, {other} " + (learned if held else "not yet known")
         return learned if held else f"no {modality} layout declared or held"
 
-    def _unshare(self, prepared: list[tuple[int, tuple]]) -> list[tuple[int, tuple]]:
+    def _unshare(self, keys: list, entries: list) -> list[tuple]:
         """Entries whose tensor would be cached by reference in a storage another entry
         already holds (an encoder reusing its output buffer) copied; the entry holding
         it was overwritten by the encoder's later call and is evicted."""
         out = []
-        for key, entry in prepared:
+        for key, entry in zip(keys, entries):
             storage = storage_id(entry[_TENSOR])
             holder = self._by_storage.get(storage) if storage is not None else None
             if storage is not None and (storage in self._reused or (holder is not None and holder != key)):
                 if holder is not None and holder != key:
                     self._note_reuse(storage, holder, key)
-                entry = (entry[_TENSOR].clone(), *entry[1:])
-            out.append((key, entry))
+                copy = entry[_TENSOR].clone()
+                entry = (copy, *entry[1:_ADDRESS], _address_of(copy))
+            out.append(entry)
         return out
 
     def _note_reuse(self, storage: tuple, holder: int, key: int | None = None) -> None:
@@ -874,7 +940,7 @@ class EmbeddingCache:
             if modality is not None and self._check_layouts([(key, entry)], replace_learned=False):
                 return False  # held back: it disputes a layout nothing confirmed (see _check_layouts)
             if not self.share_storage and (self._by_storage or self._reused):
-                [(_, unshared)] = self._unshare([(key, entry)])
+                [unshared] = self._unshare([key], [entry])
                 if kept is not None and unshared[_TENSOR] is not entry[_TENSOR]:
                     kept = _kept_value(key, kept, unshared[_TENSOR])  # around the copy
                 entry = unshared

@@ -64,8 +64,12 @@ def resolve_encoder(encoders: Encoders, modality: str, request: int, *, move_fea
 def move_features_to(items: Sequence[Any], device: Any) -> None:
     """Move items' raw features to ``device`` in place (only tensors not there yet)."""
     try:
-        if set(map(_device_of, map(_feature_of, items))) == {device}:
-            return  # every feature already there (the usual step): read in one C loop
+        # Every feature already there (the usual step), read in one C loop; a CPU or meta
+        # feature says so by a flag, without a device object made for each.
+        flag = _ON_ITS_KIND.get(device.type)
+        features = map(_feature_of, items)
+        if all(map(flag, features)) if flag is not None else set(map(_device_of, features)) == {device}:
+            return
     except AttributeError:
         pass  # an item without a feature, or a feature without a device: looked at one by one
     for item in items:
@@ -75,6 +79,7 @@ def move_features_to(items: Sequence[Any], device: Any) -> None:
 
 
 _feature_of, _device_of = attrgetter("feature"), attrgetter("device")
+_ON_ITS_KIND = {"cpu": attrgetter("is_cpu"), "meta": attrgetter("is_meta")}  # devices one of their kind
 
 
 def batch_items(plan: StepPlan, batch: Sequence[int]) -> list[Any]:

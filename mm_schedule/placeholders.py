@@ -176,7 +176,8 @@ def checked_mask(input_ids: Any, placeholder_tensor: Any, rows: int, plan: Any =
 def _device_mask(ids: Any, placeholder_ids: Any, kind: str) -> Any:
     """``placeholder_mask`` of 1-D ``ids`` on a device of type ``kind`` (not the CPU)."""
     pads = placeholder_ids if isinstance(placeholder_ids, torch.Tensor) else torch.as_tensor(placeholder_ids)
-    if pads.dtype is ids.dtype and pads.device == ids.device and pads.dim() == 1 and ids.dtype in _TOKEN_BYTES:
+    if pads.dtype is ids.dtype and pads.dim() == 1 and ids.dtype in _TOKEN_BYTES and (
+            pads.is_meta if kind == "meta" else pads.device == ids.device):
         return _membership(ids, pads, kind)  # SGLang's usual call: ids and pads of one int dtype on one device
     _integer(ids, "input_ids")
     _integer(pads, "placeholder ids")

@@ -35,7 +35,14 @@ from typing import Any
 
 import torch
 
-from .assemble import concat_rows, copy_rows, fused_table, one_dtype, packed_table
+from .assemble import (
+    concat_rows,
+    copy_rows,
+    copy_whole_sources,
+    fused_table,
+    one_dtype,
+    packed_table,
+)
 from .cache import EmbeddingCache
 from .context import StepContext
 from .encode import Encoders, encode_misses, written_memory
@@ -47,6 +54,7 @@ from .errors import (
     KernelInputError,
 )
 from .items import as_index
+from .kernels.backend import launches_kernels
 from .kernels.segment_copy.contract import first_overlap
 from .plan import (
     HIT,
@@ -58,10 +66,14 @@ from .plan import (
     plan_columns,
     request_columns,
 )
+from .plan.columns import counting
 from .spare import packed_buffer
 from .validate import Expected, check_outputs, check_sources
 
 DEFAULT_CONTEXT = StepContext()
+# Sources a packed step concatenates with torch.cat (one launch on a GPU for up to this many
+# inputs); more are copied by their addresses in one launch of the segment kernel instead.
+ONE_CAT_LAUNCH = 128
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,7 @@ def insert_encoded(cache: EmbeddingCache | None, plan: StepPlan, tensors: Sequen
         return
     keys, modalities = plan.keys, plan.modalities
     protect = plan.hit_keys if plan.has_hits else ()
-    every = len(encoded) == len(keys) and list(encoded) == list(range(len(keys)))  # a cold step, in order
+    every = len(encoded) == len(keys) and encoded == counting(len(keys))  # a cold step, in order
     vouched = None
     if checked and len(expected.dtypes) == 1 and expected.hidden is not None and expected.device is not None:
         vouched = (expected.hidden, next(iter(expected.dtypes)), expected.device)
@@ -168,21 +180,8 @@ def learn_cache_layouts(plan: StepPlan, cache: EmbeddingCache | None, expected: 
     learned layout of another size binds nothing (the step's inserts replace it)."""
     if cache is None or MISS not in plan.kinds:
         return
-    known, weak, sources, disputes = {}, {}, {}, frozenset()
-    for modality in set(plan.modalities):
-        layout = cache.layout_of(modality)
-        if (expected.proven and layout[0] is not None and layout[0] != expected.hidden) \
-                or cache.layout_changing(modality):
-            layout = binding = cache.layout_of(modality, declared_only=True)
-        else:
-            binding = cache.layout_of(modality, confirmed_only=True)
-        if binding != (None, None):
-            known[modality] = binding
-        if layout != binding:
-            weak[modality] = layout
-            disputes |= cache.disputes(modality)
-        if layout != (None, None):
-            sources[modality] = cache.layout_source(modality)
+    known, weak, sources, disputes = cache.step_layouts(set(plan.modalities),
+                                                        expected.hidden if expected.proven else None)
     unvouched, weak_hits = [], {}
     if plan.has_hits:
         for key, kind, modality in zip(plan.keys, plan.kinds, plan.modalities):
@@ -313,9 +312,19 @@ def assemble_packed(plan: StepPlan, tensors: Sequence[Any], expected: Expected, 
         target = next(iter(dtypes)) if len(dtypes) == 1 else _promoted(dtypes)
     table = packed_table(plan)
     if out is None and table.whole_sources_rows is not None and dtypes == {target}:
-        # Every source whole, in order, one dtype: the result is their concatenation,
-        # one torch call on any device (into reused memory for a large CPU result).
-        return concat_rows(plan, tensors, packed_buffer(plan.n_rows, expected.hidden, target, expected.device))
+        device = expected.device
+        addresses = plan.addresses if tensors is plan.tensors else expected.source_addresses
+        if addresses is not None and len(addresses) > ONE_CAT_LAUNCH and launches_kernels(device):
+            # Every source a cache hit where the cache keeps it, or every one just encoded and
+            # checked: one launch from their addresses, no tensor read again on the host.
+            out = torch.empty((plan.n_rows, expected.hidden), dtype=target, device=device)
+            return copy_whole_sources(addresses, plan.rows, out, target)
+        # Every source whole, in order, one dtype: their concatenation (one torch.cat, one
+        # launch for up to ONE_CAT_LAUNCH on a GPU, into memory allocated first as above; on
+        # the CPU into reused memory for a large result, with streaming stores).
+        out = packed_buffer(plan.n_rows, expected.hidden, target, device) if device.type == "cpu" else \
+            torch.empty((plan.n_rows, expected.hidden), dtype=target, device=device)
+        return concat_rows(plan, tensors, out)
     if out is None:
         out = packed_buffer(plan.n_rows, expected.hidden, target, expected.device)
         if out is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from operator import methodcaller
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from .errors import (
     EncoderOutputError,
 )
 from .plan import HIT, PRECOMPUTED, StepPlan
+from .plan.columns import counting
 
 try:
     from ._output_checks import plain_outputs as _plain_outputs
@@ -37,6 +38,7 @@ except ImportError:  # installed without a C compiler: the Python checks answer 
     _plain_outputs = None
 
 _FROM_HITS = "this step's cached entries"
+_second = itemgetter(1)
 
 
 class Expected:
@@ -52,10 +54,13 @@ class Expected:
     step reports to the cache (``EmbeddingCache.note_dispute``).
     ``owned_storages``: set by ``check_outputs`` when every encoder output is cached as
     it came (alone in its storage, nothing copied): each one's ``storage_id``, in the
-    order of the sources encoded (none listed on ``meta``); None otherwise."""
+    order of the sources encoded (none listed on ``meta``); None otherwise.
+    ``source_addresses``: then, when the step encoded every source, in source order, the
+    address of each one's first row (0 on ``meta``), as ``StepPlan.addresses`` gives a
+    step of hits: what copying them needs on a GPU, without reading a tensor."""
 
     __slots__ = ("device", "dispute", "disputes", "dtypes", "evict", "hidden", "hidden_from", "known", "owned_storages",
-                 "proven", "sources", "unvouched", "weak", "weak_hits")
+                 "proven", "source_addresses", "sources", "unvouched", "weak", "weak_hits")
 
     def __init__(self, hidden: int | None, device: Any, hidden_from: str = "input_embeds") -> None:
         self.hidden = hidden
@@ -73,6 +78,7 @@ class Expected:
         self.disputes: frozenset = frozenset()
         self.dispute: tuple | None = None
         self.owned_storages: list | None = None
+        self.source_addresses: list | None = None
 
     def learn_cache_layouts(self, known: dict[str, tuple], unvouched: list[int], sources: dict[str, str], *,
                             weak: dict[str, tuple] | None = None, weak_hits: dict[str, list[int]] | None = None,
@@ -342,6 +348,12 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                 piece = piece.clone()
             tensors[s] = plain_rows(piece)
     expected.owned_storages = owned
+    if owned is not None and encoded == counting(len(plan.rows)):
+        # Every source encoded, in order, each output alone in its storage (so at offset 0).
+        if owned:
+            expected.source_addresses = list(map(_second, owned))
+        elif _is_meta(expected.device):
+            expected.source_addresses = [0] * len(encoded)
     return encoded
 
 

@@ -312,6 +312,77 @@ fail:
     return NULL;
 }
 
+/* pack_whole(address, capacity_words, rows, addresses, block_m) -> (words, aligned, rows, tiles)
+ *
+ * pack_table's table for the packed layout of whole sources in order (segment i is all of
+ * source i, its rows right after segment i - 1's), from two lists of exact ints: each
+ * source's row count and the address of its first row, for tiles of block_m rows. Reads no
+ * tensor: a step whose sources are all cache hits has their addresses from the cache, so a
+ * thousand images cost a pass over two lists instead of a call on each tensor. Nothing is
+ * written unless it fits. */
+static PyObject *pack_whole(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long address;
+    Py_ssize_t capacity;
+    long long block_m;
+    PyObject *rows_list, *addresses_list;
+    if (!PyArg_ParseTuple(args, "KnO!O!L", &address, &capacity, &PyList_Type, &rows_list, &PyList_Type,
+                          &addresses_list, &block_m)) {
+        return NULL;
+    }
+    if (block_m <= 0) {
+        PyErr_Format(PyExc_ValueError, "pack_whole: a tile holds at least one row, got block_m=%lld", block_m);
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows_list);
+    if (PyList_GET_SIZE(addresses_list) != n) {
+        PyErr_Format(PyExc_ValueError, "pack_whole: %zd row counts for %zd addresses", n,
+                     PyList_GET_SIZE(addresses_list));
+        return NULL;
+    }
+    Py_ssize_t words = 1 + 5 * n + n;
+    if (words > capacity) {
+        PyErr_Format(PyExc_ValueError, "the table needs %zd words, the buffer holds %zd", words, capacity);
+        return NULL;
+    }
+    int64_t *out = (int64_t *)(uintptr_t)address;
+    int64_t *ends = out + 1, *records = out + 1 + n, *addresses = out + 1 + 5 * n;
+    long long total = 0, tiles = 0;
+    int aligned = 1;
+    out[0] = n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* The lists are the caller's: read again at every index (no Python code runs here). */
+        if (i >= PyList_GET_SIZE(rows_list) || i >= PyList_GET_SIZE(addresses_list)) {
+            PyErr_SetString(PyExc_ValueError, "pack_whole: the lists changed while being read");
+            return NULL;
+        }
+        PyObject *r = PyList_GET_ITEM(rows_list, i), *a = PyList_GET_ITEM(addresses_list, i);
+        if (!PyLong_CheckExact(r) || !PyLong_CheckExact(a)) {
+            PyErr_Format(PyExc_TypeError, "pack_whole: row count and address %zd must be ints", i);
+            return NULL;
+        }
+        long long n_rows = PyLong_AsLongLong(r);
+        unsigned long long at = PyLong_AsUnsignedLongLong(a);
+        if ((n_rows == -1 || at == (unsigned long long)-1) && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (n_rows < 0) {
+            PyErr_Format(PyExc_ValueError, "pack_whole: source %zd has %lld rows", i, n_rows);
+            return NULL;
+        }
+        records[4 * i] = i;
+        records[4 * i + 1] = 0;
+        records[4 * i + 2] = n_rows;
+        records[4 * i + 3] = total;
+        total += n_rows;
+        tiles += (n_rows + block_m - 1) / block_m;
+        ends[i] = tiles;
+        aligned &= (at & 15) == 0;
+        addresses[i] = (int64_t)at;
+    }
+    return Py_BuildValue("nOLL", words, aligned ? Py_True : Py_False, total, tiles);
+}
+
 static PyMethodDef methods[] = {
     {"append_rows", append_rows, METH_VARARGS,
      "append_rows(dst_address, dst_bytes, tensors, rows, row_bytes) -> int\n\n"
@@ -321,6 +392,10 @@ static PyMethodDef methods[] = {
      "pack_table(address, capacity_words, segments, sources, block_m_for) -> (words, aligned, rows, tiles)\n\n"
      "Write the segment table (header, cumulative tile counts for tiles of block_m_for(rows) rows,\n"
      "segments, source addresses) as int64 words at address."},
+    {"pack_whole", pack_whole, METH_VARARGS,
+     "pack_whole(address, capacity_words, rows, addresses, block_m) -> (words, aligned, rows, tiles)\n\n"
+     "pack_table's table for whole sources in order, from their row counts and first-row addresses\n"
+     "(lists of ints), for tiles of block_m rows: no tensor is read."},
     {"copy_ranges", copy_ranges, METH_VARARGS,
      "copy_ranges(dst_address, dst_bytes, src_address, src_bytes, write_from, read_from, lengths, streaming)\n\n"
      "Copy lengths[i] bytes from src_address + read_from[i] to dst_address + write_from[i] for\n"

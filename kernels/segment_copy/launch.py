@@ -25,6 +25,7 @@ Three ways in, one launch:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import NamedTuple
@@ -36,12 +37,20 @@ from .._triton import tl_dtype
 from ..backend import select_backend
 from ..dtypes import SUPPORTED_DTYPES, vector_width
 from ..launch_config import row_bucket, unaligned_config
-from ..streams import layer
+from ..streams import HOST_LAYER, layer
 from ..tuned_configs import on_clear, resolve_config
 from .contract import INT32_MAX, Segment, check_segments, check_tensors, total_rows
 from .fast_launch import LaunchSpec
 from .kernel import segment_copy_kernel
-from .table import build_table, count_tiles, pinned_words, table_size, table_words, upload
+from .table import (
+    build_table,
+    count_tiles,
+    pinned_words,
+    table_size,
+    table_words,
+    upload,
+    whole_table,
+)
 
 KERNEL_NAME = "segment_gather"
 
@@ -177,6 +186,58 @@ def launch_segments(
             if slot is not None:
                 # After the launch: the slot's event must follow the kernel that reads it.
                 slot.launched()
+
+
+_host_tables = threading.local()
+
+
+def _host_table_buffer(n_words: int):
+    """An int64 CPU table of ``n_words`` over this thread's reused host buffer (what the
+    staging ring's pinned slots are on a GPU): made without dispatching an operator, and
+    read before the call returns (the interpreter's launch, a dry run's upload)."""
+    buffer = getattr(_host_tables, "buffer", None)
+    if buffer is None or len(buffer) < 8 * n_words:
+        buffer = _host_tables.buffer = bytearray(8 << (n_words - 1).bit_length())
+    return torch.frombuffer(buffer, dtype=torch.int64, count=n_words)
+
+
+def launch_whole_sources(addresses: list, rows: list, dest, src_dtype) -> None:
+    """The packed copy of whole sources in order into ``dest`` (segment ``i`` all of source
+    ``i``, right after segment ``i - 1``), the sources given by the address of their first
+    row and their row counts (lists of ints): one launch, and no tensor read on the host.
+    Trusted like ``launch_trusted``: the sources are ``src_dtype``, ``dest``'s hidden size,
+    row-contiguous, on ``dest``'s device and alive until the copy has run; ``dest`` has
+    ``sum(rows)`` rows. Refused under CUDA-graph capture (the table is staged per call).
+
+    On ``meta`` (a dry run) the host work of the launch is done, the table packed and its
+    upload dispatched, and the launch itself skipped: there is no data to copy."""
+    hidden = dest.shape[1]
+    vec = vector_width(dest.element_size(), src_dtype.itemsize)
+    device = dest.device
+    # The tile height follows the rows the table copies (a plan's rows, known up front).
+    launch = _launch_for(device, dest.dtype, src_dtype, hidden, row_bucket(dest.shape[0]), vec, False, None)
+    streams = layer(device)
+    if streams is HOST_LAYER:
+        table, aligned, _, _, tiles = whole_table(rows, addresses, None, launch.block_m, host=_host_table_buffer)
+        if device.type == "meta":
+            table.to(device)  # the upload a GPU makes; nothing to launch without data
+            return
+        slot = None
+    with streams.guard(device):
+        if streams is not HOST_LAYER:
+            if streams.capturing(device):
+                raise GraphCaptureError(_CAPTURE_HINT)
+            table, aligned, slot, _, tiles = whole_table(rows, addresses, streams.staging_ring(device), launch.block_m)
+        try:
+            if not (aligned and hidden % vec == 0 and dest.data_ptr() % 16 == 0) and vec > 1:
+                # The unaligned variant: the same tile height (so the same table), narrower steps.
+                launch = _launch_for(device, dest.dtype, src_dtype, hidden, row_bucket(dest.shape[0]), 1, False,
+                                     None)
+            if tiles:
+                _launch(launch, dest, tiles, table, None, streams.current_raw(device))
+        finally:
+            if slot is not None:
+                slot.launched()  # after the launch: the slot's event must follow the kernel that reads it
 
 
 def launch_trusted(sources: Sequence, segments: Sequence, dest, *, static_sources=False) -> None:

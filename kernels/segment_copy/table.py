@@ -117,6 +117,45 @@ def build_table(segments: Sequence[Segment], sources: Sequence, device, ring, bl
     return stage_table(ring, segments, sources, block_m_for)
 
 
+def whole_table(rows: list, addresses: list, ring, block_m: int, *, host=None):
+    """``build_table``'s result for whole sources in order (segment ``i`` all of source ``i``,
+    in the packed layout) given by their row counts and first-row addresses, for tiles of
+    ``block_m`` rows: no tensor is read. ``ring`` as ``build_table`` takes it; without one
+    the table is ``host(n_words)`` (an int64 CPU tensor of that many words), by default a
+    new one."""
+    n_words = table_size(len(rows), len(addresses))
+    slot = ring.claim(n_words) if ring is not None else None
+    try:
+        if slot is not None:
+            words = slot.host
+        else:
+            words = host(n_words) if host is not None else torch.empty(n_words, dtype=torch.int64)
+        if _stream_copy is not None:
+            _, aligned, total, tiles = _stream_copy.pack_whole(words.data_ptr(), words.numel(), rows, addresses,
+                                                               block_m)
+        else:
+            aligned, total, tiles = _pack_whole_py(words, rows, addresses, block_m)
+        if slot is None:
+            return words, aligned, None, total, tiles
+        slot.device.copy_(slot.host, non_blocking=True)
+    except BaseException:
+        if slot is not None:
+            slot.launched()  # nothing reads it: hand it back
+        raise
+    return slot.device, aligned, slot, total, tiles
+
+
+def _pack_whole_py(words, rows: list, addresses: list, block_m: int) -> tuple[bool, int, int]:
+    """The C ``pack_whole`` in Python, for builds without the C helper."""
+    n = len(rows)
+    starts = list(accumulate(rows, initial=0))
+    total = starts.pop()
+    segments = [(i, 0, r, d) for i, (r, d) in enumerate(zip(rows, starts))]
+    packed = table_words(segments, addresses, block_m)
+    words[: len(packed)].copy_(torch.frombuffer(packed, dtype=torch.int64))
+    return all(a % 16 == 0 for a in addresses), total, packed[n] if n else 0
+
+
 def stage_table(ring, segments: Sequence[Segment], sources: Sequence, block_m_for):
     """``(device table, every source 16-byte aligned, slot, rows, tiles)`` as
     ``build_table`` returns them, staged in a slot of ``ring`` (``staging.StagingRing``);

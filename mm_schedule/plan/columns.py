@@ -94,7 +94,9 @@ class StepPlan(NamedTuple):
     ``token_budget``: the encoder-call token cap the batches were cut with.
     ``n_rows``: rows of the packed layout; ``n_tokens``: extend tokens of all requests.
     ``cache_layout``: ``(hidden, dtype, device)`` shared by every cache entry at lookup
-    time (None when they differ or nothing was looked up).
+    time (None when they differ or nothing was looked up). ``addresses``: when every
+    source is a hit, the address of each one's first row, as the cache recorded it (None
+    otherwise): what copying them needs on a GPU, without reading a tensor.
 
     A plan is never changed once built (the columns are read-only by contract, and are
     not copied for it); a step that must change a decision builds a new plan
@@ -122,14 +124,16 @@ class StepPlan(NamedTuple):
     n_tokens: int
     cache_layout: tuple | None = None
     token_budget: int | None = None
+    addresses: Sequence[int] | None = None
 
     def with_lookups(self, lookup: Any) -> StepPlan:
         """This plan (every cached source planned a miss) with the sources ``lookup`` finds
         turned into hits and the misses cut into encoder batches. ``lookup(keys, rows,
         modalities)`` returns ``(tensor or None per key, layout shared by the cache's
         entries)``, e.g. ``EmbeddingCache.lookup_many``, optionally with a third element,
-        True when every key was found; None: nothing is cached."""
-        kinds, tensors, layout = self.kinds, self.tensors, None
+        True when every key was found, and a fourth, then, the entries' addresses
+        (``EmbeddingCache.lookup_all``); None: nothing is cached."""
+        kinds, tensors, layout, addresses = self.kinds, self.tensors, None, None
         if lookup is not None and MISS in kinds:
             # Lists of one member compare by identity, element by element in C: far cheaper
             # than ``PRECOMPUTED in kinds``, which compares every enum member by value.
@@ -142,7 +146,11 @@ class StepPlan(NamedTuple):
             found, layout, *every = lookup(keys, rows, modalities)
             if wanted is None:
                 tensors = found
-                kinds = [HIT] * len(found) if every and every[0] else [MISS if t is None else HIT for t in found]
+                if every and every[0]:
+                    kinds = [HIT] * len(found)
+                    addresses = every[1] if len(every) > 1 else None
+                else:
+                    kinds = [MISS if t is None else HIT for t in found]
             else:
                 kinds, tensors = list(kinds), list(tensors)
                 for i, t in zip(wanted, found):
@@ -150,7 +158,8 @@ class StepPlan(NamedTuple):
                         kinds[i], tensors[i] = HIT, t
         batches = batch_misses(kinds, self.rows, self.modalities, self.multi_items, self.token_budget) \
             if not _only(kinds, HIT) and MISS in kinds else ()
-        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=layout)
+        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=layout,
+                             addresses=addresses)
 
     @property
     def all_hits(self) -> bool:
@@ -188,7 +197,7 @@ class StepPlan(NamedTuple):
             if kinds[s] is HIT:
                 kinds[s], tensors[s] = MISS, None
         batches = batch_misses(kinds, self.rows, self.modalities, self.multi_items, self.token_budget)
-        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=None)
+        return self._replace(kinds=kinds, tensors=tensors, encoder_batches=batches, cache_layout=None, addresses=None)
 
     # -- derived views (for inspection; the step itself reads the columns) --------------
     @property

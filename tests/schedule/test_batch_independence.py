@@ -215,7 +215,7 @@ def test_a_cross_modality_entry_is_refused_by_the_c_lookup_and_the_python_one_al
         monkeypatch.setattr(cache_module, "_all_hits", c_pass)
         cache = EmbeddingCache(1 << 20)
         cache.insert_many([(1, torch.ones(2, HIDDEN)), (2, torch.ones(3, HIDDEN))], modalities=["IMAGE", "VIDEO"])
-        found, _, every = cache.lookup_all([1, 2], [2, 3], ["IMAGE", "IMAGE"])
+        found, _, every, _ = cache.lookup_all([1, 2], [2, 3], ["IMAGE", "IMAGE"])
         return [t is not None for t in found], every, cache.stats().hits
 
     c_side = run(cache_module._all_hits)

@@ -316,9 +316,11 @@ def test_lookup_all_says_whether_every_key_was_found(keys, want_rows, every):
     cache = EmbeddingCache(1 << 20)
     for k, n in ((1, 1), (2, 1), (3, 3)):
         cache.insert(k, rows(n, float(k)))
-    found, _, all_found = cache.lookup_all(list(keys), list(want_rows))
+    found, _, all_found, addresses = cache.lookup_all(list(keys), list(want_rows))
     assert all_found is every
     assert all_found == all(t is not None for t in found)
+    # Every key found: the address of each entry's first row, for a copy that reads no tensor.
+    assert addresses == ([t.data_ptr() for t in found] if every else None)
 
 
 def _lookup_all_with(c_pass, keys, want_rows, held, monkeypatch):
@@ -327,8 +329,9 @@ def _lookup_all_with(c_pass, keys, want_rows, held, monkeypatch):
         cache.insert(k, rows(n, float(k)))
     with monkeypatch.context() as patch:
         patch.setattr(cache_module, "_all_hits", c_pass)
-        found, _, every = cache.lookup_all(keys, want_rows)
+        found, _, every, addresses = cache.lookup_all(keys, want_rows)
     s = cache.stats()
+    assert addresses == ([t.data_ptr() for t in found] if every else None)
     return ([None if t is None else t.tolist() for t in found], every, (s.hits, s.misses, s.entries),
             list(cache._entries))
 
@@ -378,8 +381,8 @@ def test_the_steady_state_lookup_survives_a_key_that_empties_the_cache():
                 entries.clear()
             return False
 
-    entries = {Evil(): ("not", "an", "entry"), 5: (rows(1), 1, "IMAGE")}
-    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2) is not None
+    entries = {Evil(): ("not", "an", "entry"), 5: (rows(1), 1, "IMAGE", 1234)}
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2, 3) is not None
     armed = True
-    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2) is None
+    assert cache_module._all_hits(entries, [5, 5], [1, 1], ["IMAGE", "IMAGE"], 0, 1, 2, 3) is None
     assert entries == {}

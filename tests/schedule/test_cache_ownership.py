@@ -239,16 +239,21 @@ def test_threads_with_injected_faults_match_the_naive_reference(backend, declare
     wrong row, whichever thread's step came first."""
     if backend == "triton":
         # Triton's interpreter is not thread-safe (GPU launches are): only the kernel
-        # launch is serialised, planning, validation and the cache run concurrently.
+        # launches are serialised (both ways in: a table of segments, and whole sources
+        # from their addresses), planning, validation and the cache run concurrently.
         import mm_schedule.assemble as assemble
+        import mm_schedule.kernels.segment_copy.launch as launch_module
 
-        launch, lock = assemble.copy_segments, threading.Lock()
+        lock = threading.Lock()
 
-        def serialised(*args):
-            with lock:
-                return launch(*args)
+        def serialised(launch):
+            def call(*args):
+                with lock:
+                    return launch(*args)
+            return call
 
-        monkeypatch.setattr(assemble, "copy_segments", serialised)
+        monkeypatch.setattr(assemble, "copy_segments", serialised(assemble.copy_segments))
+        monkeypatch.setattr(launch_module, "launch_whole_sources", serialised(launch_module.launch_whole_sources))
     cache = EmbeddingCache(48 * 4 * HIDDEN * 4, hidden_sizes=HIDDEN if declared else None)
     # The first step of all, before any thread starts: with learned layouts this is the
     # step every later output is held to, so it must be right (see the declared variant).
