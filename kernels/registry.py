@@ -1,4 +1,7 @@
-"""Every kernel in one table: its name and where its runtime code lives.
+"""Every tuned kernel in one table: its name and where its runtime code lives.
+
+(The placeholder mask, ``placeholder_mask.py``, has one block shape and no tuned configs; its
+AOT specs are ``tools.aot.placeholder_mask_specs``.)
 
 The name is the key of the tuned config tables (``configs/<name>/<device>.json``) and of
 ``tuned_configs.get_config``. The runtime module is named by dotted path and imported on

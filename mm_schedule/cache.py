@@ -329,6 +329,9 @@ class EmbeddingCache:
         entry's first row (else None): a step of hits copies them without reading a tensor."""
         with self._lock:
             entries = self._entries
+            if not entries:  # nothing cached (a fresh cache): every key a miss
+                self._misses += len(keys)
+                return [None] * len(keys), None, not keys, [] if not keys else None
             steady = self._steady_hits(keys, rows, modalities) if not self._provisional else None
             if steady is not None:
                 deque(map(entries.move_to_end, keys), maxlen=0)
@@ -503,8 +506,7 @@ class EmbeddingCache:
         view and alone in its storage, whose ``storage_id`` is ``storages[i]`` (on ``meta``
         none are listed)."""
         hidden, dtype, device = layout
-        row_bytes = hidden * dtype.itemsize
-        own = [n * row_bytes for n in rows]
+        own = list(map((hidden * dtype.itemsize).__mul__, rows))
         if device.type == "meta":
             storages, addresses = (), repeat(0)
         elif len(storages) != len(keys):

@@ -85,8 +85,7 @@ _ON_ITS_KIND = {"cpu": attrgetter("is_cpu"), "meta": attrgetter("is_meta")}  # d
 def batch_items(plan: StepPlan, batch: Sequence[int]) -> list[Any]:
     """The items one encoder call receives: each source's items, in source order."""
     if not plan.multi_items:
-        firsts = plan.first_items
-        return [firsts[s] for s in batch]
+        return list(map(plan.first_items.__getitem__, batch))
     return [item for s in batch for item in plan.items_of(s)]
 
 

@@ -344,13 +344,14 @@ def _cache_value(video: _PrunedVideo, resolved: _Resolved) -> ForModality:
 def _learn_layouts(cache: EmbeddingCache, expected: Expected, modalities: set[str],
                    pending: dict[str, tuple]) -> None:
     """What the cache holds (or was declared to hold) for the videos' modalities, into
-    ``expected``, as a planned step learns it: a layout change not yet confirmed binds only
-    what was declared. ``pending``: the layout of this call's other outputs per modality,
-    cached just before the videos: what the cache does not know yet it learns from them."""
+    ``expected``, as a planned step learns it: a learned layout binds once confirmed (a layout
+    change not yet confirmed binds only what was declared). ``pending``: the layout of this
+    call's other outputs per modality, cached just before the videos: what the cache does
+    not know yet it learns from them."""
     known, sources = {}, {}
     for modality in modalities:
         changing = cache.layout_changing(modality)
-        held = cache.layout_of(modality, declared_only=changing)
+        held = cache.layout_of(modality, declared_only=changing, confirmed_only=True)
         layout = held
         if not changing and modality in pending:
             layout = tuple(p if h is None else h for h, p in zip(held, pending[modality]))

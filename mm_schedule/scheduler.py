@@ -338,7 +338,7 @@ def assemble_packed(plan: StepPlan, tensors: Sequence[Any], expected: Expected, 
 
 def _concrete(device: Any) -> Any:
     """``device`` as tensors report theirs: ``"cuda"`` names the current GPU, ``cuda:0``."""
-    if type(device) is torch.device and (device.index is not None or device.type == "cpu"):
+    if type(device) is torch.device and (device.index is not None or device.type in ("cpu", "meta")):
         return device
     device = torch.device(device)
     if device.index is None and device.type not in ("cpu", "meta"):

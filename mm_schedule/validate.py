@@ -291,7 +291,7 @@ def check_outputs(plan: StepPlan, outputs: Sequence[tuple[Encoder, Any]], tensor
                          "the output of one of this step's encoder calls", expected)
     for (_, batch), (encoder, output) in zip(plan.encoder_batches, outputs):
         whole = len(batch) == 1 and batch[0] in plan.multi_items
-        item_rows = list(plan.item_rows_of(batch[0])) if whole else [plan.rows[s] for s in batch]
+        item_rows = list(plan.item_rows_of(batch[0])) if whole else list(map(plan.rows.__getitem__, batch))
         if not isinstance(output, (torch.Tensor, list, tuple)) and hasattr(output, "embedding"):
             if getattr(output, "num_tokens_per_frame", None) is not None:
                 # Pruned video rows belong to moved placeholders; placing them at the

@@ -149,6 +149,8 @@ class StepPlan(NamedTuple):
                 if every and every[0]:
                     kinds = [HIT] * len(found)
                     addresses = every[1] if len(every) > 1 else None
+                elif found == [None] * len(found):
+                    kinds = [MISS] * len(found)  # nothing cached (a cold step), compared in C
                 else:
                     kinds = [MISS if t is None else HIT for t in found]
             else:

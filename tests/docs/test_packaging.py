@@ -24,7 +24,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 CONFIG = PYPROJECT["tool"]["setuptools"]
-TIMEOUT_S = 300  # building compiles the two C helpers; the two cores are often shared
+TIMEOUT_S = 300  # building compiles the C helpers; the two cores are often shared
 # A module the codemod moves, as a user's file would import it.
 OLD_IMPORT = "from sglang.srt.managers.mm_utils import PerImageRequestInfo\n"
 

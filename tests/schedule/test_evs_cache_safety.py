@@ -95,20 +95,28 @@ def test_a_declared_layout_refuses_an_evs_output_and_caches_nothing(bad, seed):
     assert encoder.calls == [[p.video.hash]]
 
 
-def test_evs_entries_teach_the_video_layout_and_are_held_to_it():
+def test_evs_entries_teach_the_video_layout_and_are_held_to_it_once_confirmed():
+    """Like a planned step's outputs: one EVS insert teaches the video layout, which binds once
+    three inserts confirmed it; before that a disagreeing video runs but is not cached."""
     rng = random.Random(11)
-    a, b = Prompt(rng, h=311, frames=3), Prompt(rng, h=312, frames=2)
+    taught = [Prompt(rng, h=311 + k * 10, frames=3) for k in range(3)]
+    b = Prompt(rng, h=312, frames=2)
     cache = _cache()
-    _step(EVSEncoder([a]), [a], [(0, len(a.ids))])
-    assert cache.layout_of("VIDEO") == (HIDDEN, torch.float32)
-    assert "learned from the 1 VIDEO entry" in cache.layout_source("VIDEO")
 
     def float64(items):
         return EVSEmbeddingResult(embedding=b.rows.double(), num_tokens_per_frame=list(b.kept))
 
+    _step(EVSEncoder([taught[0]]), [taught[0]], [(0, len(taught[0].ids))])
+    assert cache.layout_of("VIDEO") == (HIDDEN, torch.float32)
+    assert "learned from the 1 VIDEO entry the cache holds, not yet confirmed" in cache.layout_source("VIDEO")
+    rows, _, _ = mm_schedule.get_embedding_and_mask(float64, *layout([b], [(0, len(b.ids))]))
+    assert rows.dtype == torch.float64 and len(cache) == 1  # disputed once: not cached, nothing evicted
+    for a in taught[1:]:
+        _step(EVSEncoder([a]), [a], [(0, len(a.ids))])
+    assert cache.layout_confirmed("VIDEO") and len(cache) == 3
     with pytest.raises(CacheLayoutError, match=r"request 0, item hash 312: .*dtype torch\.float64.*learned from"):
         mm_schedule.get_embedding_and_mask(float64, *layout([b], [(0, len(b.ids))]))
-    assert len(cache) == 1
+    assert len(cache) == 3
 
 
 def test_two_videos_of_one_step_disagreeing_on_dtype_cache_nothing():
