@@ -71,8 +71,9 @@ from .spare import packed_buffer
 from .validate import Expected, check_outputs, check_sources
 
 DEFAULT_CONTEXT = StepContext()
-# Sources a packed step concatenates with torch.cat (one launch on a GPU for up to this many
-# inputs); more are copied by their addresses in one launch of the segment kernel instead.
+# Sources a packed step concatenates with torch.cat (ATen's CUDA cat copies up to 128 inputs
+# a launch, and on meta or a GPU it then costs the host less than packing a table); more are
+# copied by their addresses in one launch of the segment kernel, whatever their number.
 ONE_CAT_LAUNCH = 128
 
 
