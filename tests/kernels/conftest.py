@@ -107,3 +107,15 @@ def aot_cache_dir(tmp_path_factory):
     """One Triton cache for every ahead-of-time compile of the session: a kernel variant
     two AOT test modules both compile is built once."""
     return str(tmp_path_factory.mktemp("triton-aot-cache"))
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A CUDA or ROCm device with the kernels compiled for it and the Triton backend forced;
+    the GPU tests (``-m gpu``, run by the GPU check) skip without one."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA or ROCm device")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the kernels must be compiled for the GPU: run with TRITON_INTERPRET=0")
+    _force(monkeypatch, "triton")
+    return torch.device("cuda")

@@ -5,7 +5,6 @@ Run by the GPU check (``pytest -m gpu`` with the kernels compiled, not interpret
 elsewhere. The CPU proofs (the same kernels under the interpreter) are in
 ``test_placeholder_mask.py`` and ``tests/schedule/test_copy_by_address.py``."""
 
-import os
 
 import pytest
 import torch
@@ -14,19 +13,6 @@ from mm_schedule.kernels import placeholder_mask as pm
 from mm_schedule.kernels.segment_copy.launch import launch_whole_sources
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def gpu(monkeypatch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA or ROCm device")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pytest.skip("the kernels must be compiled for the GPU: run with TRITON_INTERPRET=0")
-    from mm_schedule.kernels.backend import refresh_backend
-
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "auto")
-    refresh_backend()
-    return torch.device("cuda")
 
 
 @pytest.mark.parametrize(("n_tokens", "n_ids"), [(1, 1), (5000, 64), (75_000, 1024), (300_000, 4096), (77, 0)])

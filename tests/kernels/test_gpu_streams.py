@@ -4,7 +4,6 @@ Run by the GPU check (``pytest -m gpu`` with the kernels compiled, not interpret
 skipped elsewhere. The CPU proofs of the same logic are in ``test_streams.py``.
 """
 
-import os
 
 import pytest
 import torch
@@ -20,19 +19,6 @@ from mm_schedule.kernels.segment_copy.launch import (
 from mm_schedule.kernels.segment_copy.trusted import copy_segments
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture
-def gpu(monkeypatch):
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA or ROCm device")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pytest.skip("the kernels must be compiled for the GPU: run with TRITON_INTERPRET=0")
-    from mm_schedule.kernels.backend import refresh_backend
-
-    monkeypatch.setenv("MM_SCHEDULE_KERNEL_BACKEND", "triton")
-    refresh_backend()
-    return torch.device("cuda")
 
 
 def _problem(device, seed, n_images=5, hidden=1176, dtype=torch.bfloat16):
