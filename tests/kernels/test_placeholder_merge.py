@@ -90,6 +90,19 @@ def test_batched_input_ids(triton_backend, helpers):
     helpers.assert_bitwise_equal(embeds.view(32, 64), expected.view(32, 64))
 
 
+def test_a_wide_placeholder_id_is_not_narrowed_into_a_token_id(triton_backend, helpers):
+    """int64 placeholder ids against int32 ``input_ids``: 2**32 + 7 is not token 7 (the ids
+    are compared as int64, never cast down to the tokens' dtype)."""
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.tensor([7, 9, 7, 9], dtype=torch.int32)
+    embeddings = helpers.random_rows(2, 64, torch.float32, gen)
+    embeds = helpers.random_rows(4, 64, torch.float32, gen)
+    expected = embeds.clone()
+    expected[[1, 3]] = embeddings
+    merge_by_placeholder_ids(ids, torch.tensor([(1 << 32) + 7, 9]), embeddings, embeds, check=True)
+    helpers.assert_bitwise_equal(embeds, expected)
+
+
 def test_no_sync_prone_calls(triton_backend, helpers):
     """The call path must not use ops that need the device's answer on the host."""
     from torch.overrides import TorchFunctionMode
