@@ -453,7 +453,10 @@ class EmbeddingCache:
         layouts wins (its hits are evicted and encoded again) instead of failing as well."""
         with self._lock:
             for modality in modalities:
-                self._disputes[modality] = self._disputes.get(modality, frozenset()) | {tuple(layout)}
+                self._dispute(modality, layout)
+
+    def _dispute(self, modality: str, layout: tuple) -> None:
+        self._disputes[modality] = self._disputes.get(modality, frozenset()) | {tuple(layout)}
 
     def disputes(self, modality: str) -> frozenset:
         """The layouts ``note_dispute`` recorded against ``modality``'s learned layout."""
@@ -779,7 +782,7 @@ class EmbeddingCache:
         ``layout`` against it replace it (``_replace_unconfirmed``)."""
         old = next(iter(self._held[modality]))
         inserts = self._brought.get(modality, {}).get(old, (0, 0))[0]
-        self._disputes[modality] = self._disputes.get(modality, frozenset()) | {tuple(layout)}
+        self._dispute(modality, layout)
         log.warning(
             "%s embeddings of hidden size %d and dtype %s disagree with the layout learned from %d insert(s) (hidden"
             " size %d, dtype %s), which %d inserts or a step merged into input_embeds would have confirmed: they are"
